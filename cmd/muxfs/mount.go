@@ -1,0 +1,475 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/term"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/muxfs/muxfs/internal/backend"
+	"github.com/muxfs/muxfs/internal/config"
+	"github.com/muxfs/muxfs/internal/fusefs"
+	"github.com/muxfs/muxfs/internal/mux"
+)
+
+// readyFDEnv names the descriptor on which a background mount process reports to the
+// command that started it: "ok", or "error: ..." on one line.
+const readyFDEnv = "MUXFS_READY_FD"
+
+// buildConfig merges the config file, -o options, flags and positional arguments.
+func buildConfig(mf mountFlags, args []string) (*config.Config, error) {
+	cfg := &config.Config{Options: config.Defaults()}
+	file := mf.configFile
+	for _, o := range mf.options {
+		if p := config.ConfigPath(o); p != "" {
+			file = p
+		}
+	}
+	if file != "" {
+		if err := cfg.LoadFile(file); err != nil {
+			return nil, err
+		}
+	}
+	for _, o := range mf.options {
+		if err := cfg.ApplyOptions(o); err != nil {
+			return nil, err
+		}
+	}
+	if mf.port != 0 {
+		cfg.Options.Port = mf.port
+	}
+	if mf.sshConfig != "" {
+		cfg.Options.ConfigFile = mf.sshConfig
+	}
+	if mf.debug {
+		cfg.Options.Debug = true
+	}
+	if cfg.Options.Debug {
+		cfg.Options.Foreground = true
+	}
+	if mf.foreground {
+		cfg.Options.Foreground = true
+	}
+	if len(args) > 0 {
+		cfg.Mountpoint = args[len(args)-1]
+		sources := args[:len(args)-1]
+		// mount(8) passes the fstab "device" field as the first argument; with a
+		// config file it may be a placeholder.
+		if file != "" && len(sources) == 1 && (sources[0] == "none" || sources[0] == "muxfs") {
+			sources = nil
+		}
+		if err := cfg.AddSourcesAtRoot(sources); err != nil {
+			return nil, err
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+func runMount(mf mountFlags, args []string) error {
+	cfg, err := buildConfig(mf, args)
+	if err != nil {
+		return err
+	}
+	mp, err := checkMountpoint(cfg.Mountpoint, cfg.Options.NonEmpty)
+	if err != nil {
+		return err
+	}
+	cfg.Mountpoint = mp
+	if !cfg.Options.Foreground && os.Getenv(readyFDEnv) == "" {
+		return startBackground()
+	}
+	return serve(cfg, nil)
+}
+
+// checkMountpoint returns the absolute mount point, or why it cannot be used.
+func checkMountpoint(mp string, nonEmpty bool) (string, error) {
+	abs, err := filepath.Abs(mp)
+	if err != nil {
+		return "", err
+	}
+	st, err := os.Stat(abs)
+	switch {
+	case errors.Is(err, syscall.ENOTCONN):
+		return "", fmt.Errorf("mount point %s is a dead FUSE mount: run `muxfs umount %s` first", mp, mp)
+	case errors.Is(err, os.ErrNotExist):
+		return "", fmt.Errorf("mount point %s does not exist: create it with `mkdir -p %s`", mp, mp)
+	case err != nil:
+		return "", fmt.Errorf("mount point %s: %v", mp, err)
+	case !st.IsDir():
+		return "", fmt.Errorf("mount point %s is not a directory", mp)
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
+	if mounted, err := isMountpoint(abs); err == nil && mounted {
+		return "", fmt.Errorf("%s is already a mount point: unmount it first (`muxfs umount %s`) or choose another directory", mp, mp)
+	}
+	if !nonEmpty {
+		d, err := os.Open(abs)
+		if err != nil {
+			return "", fmt.Errorf("mount point %s: %v", mp, err)
+		}
+		names, _ := d.Readdirnames(1)
+		d.Close()
+		if len(names) > 0 {
+			return "", fmt.Errorf("mount point %s is not empty: use an empty directory, or -o nonempty to mount over its contents", mp)
+		}
+	}
+	return abs, nil
+}
+
+// isMountpoint reports whether dir is listed in /proc/self/mountinfo.
+func isMountpoint(dir string) (bool, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && unescapeMountinfo(fields[4]) == dir {
+			return true, nil
+		}
+	}
+	return false, sc.Err()
+}
+
+// unescapeMountinfo undoes the kernel's octal escapes (\040 for space, ...).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// startBackground re-runs muxfs as a detached child and waits until it reports the
+// mount ready or failed, so that the command's exit status tells the truth.
+func startBackground() error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(self, os.Args[1:]...)
+	cmd.Env = append(os.Environ(), readyFDEnv+"=3")
+	cmd.ExtraFiles = []*os.File{w}
+	// The terminal stays attached until the mount is ready, so that ssh can ask for
+	// a passphrase or a host-key confirmation.
+	cmd.Stdin = os.Stdin
+	cmd.Stdout = os.Stdout
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	w.Close()
+	line, _ := bufio.NewReader(r).ReadString('\n')
+	r.Close()
+	line = strings.TrimSpace(line)
+	switch {
+	case line == "ok":
+		cmd.Process.Release() //nolint:errcheck // it serves on alone
+		return nil
+	case strings.HasPrefix(line, "error: "):
+		cmd.Wait() //nolint:errcheck // already reported
+		return errors.New(strings.TrimPrefix(line, "error: "))
+	}
+	err = cmd.Wait()
+	return fmt.Errorf("the mount process ended before the mount was ready (%v); run with -f to see why", err)
+}
+
+// reporter tells the starting command how the mount went, once.
+type reporter struct{ w io.WriteCloser }
+
+func newReporter() *reporter {
+	fd, err := strconv.Atoi(os.Getenv(readyFDEnv))
+	if err != nil {
+		return &reporter{}
+	}
+	os.Unsetenv(readyFDEnv)
+	return &reporter{w: os.NewFile(uintptr(fd), "ready")}
+}
+
+func (r *reporter) report(err error) {
+	if r.w == nil {
+		return
+	}
+	if err != nil {
+		fmt.Fprintf(r.w, "error: %s\n", oneLine(err.Error()))
+	} else {
+		fmt.Fprintln(r.w, "ok")
+	}
+	r.w.Close()
+	r.w = nil
+}
+
+func (r *reporter) background() bool { return r.w != nil }
+
+// newLogger logs to stderr in the foreground; a background mount logs to a file in
+// $XDG_STATE_HOME/muxfs (~/.local/state/muxfs), since it has no terminal.
+func newLogger(debug, background bool) (*slog.Logger, string) {
+	level := slog.LevelInfo
+	if debug {
+		level = slog.LevelDebug
+	}
+	var w io.Writer = os.Stderr
+	file := ""
+	if background {
+		w = io.Discard
+		dir := os.Getenv("XDG_STATE_HOME")
+		if dir == "" {
+			if home, err := os.UserHomeDir(); err == nil {
+				dir = filepath.Join(home, ".local", "state")
+			}
+		}
+		if dir != "" {
+			dir = filepath.Join(dir, "muxfs")
+			if os.MkdirAll(dir, 0o700) == nil {
+				file = filepath.Join(dir, "muxfs.log")
+				if f, err := os.OpenFile(file, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+					w = f
+				} else {
+					file = ""
+				}
+			}
+		}
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})), file
+}
+
+// mounted is a running mount and what must be closed after it.
+type mounted struct {
+	server   *fuse.Server
+	backends []backend.Backend
+	pools    []*backend.Pool
+}
+
+func (m *mounted) close() {
+	for _, b := range m.backends {
+		b.Close()
+	}
+	for _, p := range m.pools {
+		p.Release()
+	}
+}
+
+// openBackends connects every source; on failure everything opened is closed again.
+func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger) (*mux.Table, *mounted, error) {
+	m := &mounted{}
+	pools := map[string]*backend.Pool{}
+	var layers []*mux.Layer
+	id := 0
+	for _, mt := range cfg.Mounts {
+		layer := &mux.Layer{Path: mt.Path, Policy: mt.Policy}
+		for _, src := range mt.Sources {
+			b, err := openSource(ctx, cfg, src, pools, m, log)
+			if err != nil {
+				m.close()
+				return nil, nil, err
+			}
+			m.backends = append(m.backends, b)
+			layer.Branches = append(layer.Branches, &mux.Branch{ID: id, Backend: b,
+				ReadOnly: src.ReadOnly || cfg.Options.ReadOnly, NoCreate: src.NoCreate})
+			id++
+		}
+		layers = append(layers, layer)
+	}
+	table, err := mux.NewTable(layers)
+	if err != nil {
+		m.close()
+		return nil, nil, err
+	}
+	return table, m, nil
+}
+
+func openSource(ctx context.Context, cfg *config.Config, src config.Source, pools map[string]*backend.Pool, m *mounted, log *slog.Logger) (backend.Backend, error) {
+	if !src.IsRemote() {
+		b, err := backend.NewLocal(src.Local)
+		if err != nil {
+			return nil, fmt.Errorf("source %s: %v — give an existing local directory", src.Raw, err)
+		}
+		return b, nil
+	}
+	o := cfg.Options
+	ep := &backend.Endpoint{
+		Host: src.Host, User: src.User, Port: src.Port,
+		SSHCommand: o.SSHCommand, ConfigFile: o.ConfigFile, SFTPServer: o.SFTPServer,
+		MaxConns: o.MaxConns,
+	}
+	if ep.Port == 0 {
+		ep.Port = o.Port
+	}
+	if src.MaxConns > 0 {
+		ep.MaxConns = src.MaxConns
+	}
+	if src.IdentityFile != "" {
+		ep.SSHOptions = append(ep.SSHOptions, "IdentityFile="+src.IdentityFile)
+	}
+	ep.SSHOptions = append(ep.SSHOptions, src.SSHOptions...)
+	ep.SSHOptions = append(ep.SSHOptions, o.SSHOptions...)
+	pool := pools[ep.Key()]
+	if pool == nil {
+		var err error
+		pool, err = backend.Dial(ctx, ep, log)
+		if err != nil {
+			return nil, err
+		}
+		pool.Acquire()
+		pools[ep.Key()] = pool
+		m.pools = append(m.pools, pool)
+	}
+	return backend.NewSFTP(ctx, pool, src.Dir)
+}
+
+// fsName is what df shows as the device: the first source, and how many more.
+func fsName(cfg *config.Config) string {
+	if cfg.Options.FsName != "" {
+		return cfg.Options.FsName
+	}
+	n := 0
+	first := ""
+	for _, m := range cfg.Mounts {
+		for _, s := range m.Sources {
+			if first == "" {
+				first = s.Raw
+			}
+			n++
+		}
+	}
+	if n > 1 {
+		return fmt.Sprintf("%s+%d", first, n-1)
+	}
+	return first
+}
+
+// serve mounts cfg and serves until unmounted or signalled. onReady, if set, runs once
+// the mount is up (the demo uses it); a background child reports to its parent.
+func serve(cfg *config.Config, onReady func(mp string) error) error {
+	rep := newReporter()
+	log, _ := newLogger(cfg.Options.Debug, rep.background())
+	fail := func(err error) error {
+		if rep.background() {
+			rep.report(err)
+			return exitError{1}
+		}
+		return err
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer cancel()
+	table, m, err := openBackends(ctx, cfg, log)
+	if err != nil {
+		return fail(err)
+	}
+	defer m.close()
+	fsys := fusefs.New(table, log)
+	server, err := fsys.Mount(cfg.Mountpoint, fusefs.Options{
+		FsName:             fsName(cfg),
+		AllowOther:         cfg.Options.AllowOther,
+		DefaultPermissions: cfg.Options.DefaultPermissions,
+		ReadOnly:           cfg.Options.ReadOnly,
+		Debug:              cfg.Options.Debug,
+		EntryTimeout:       cfg.Options.EntryTimeout,
+		AttrTimeout:        cfg.Options.AttrTimeout,
+		NegativeTimeout:    cfg.Options.NegativeTimeout,
+	})
+	if err != nil {
+		return fail(mountError(cfg.Mountpoint, err))
+	}
+	m.server = server
+	log.Info("mounted", "mountpoint", cfg.Mountpoint, "sources", fsName(cfg))
+	if rep.background() {
+		rep.report(nil)
+		detach()
+	}
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			log.Info("signal received, unmounting", "mountpoint", cfg.Mountpoint)
+			unmount(server, cfg.Mountpoint, log)
+		case <-stop:
+		}
+	}()
+	var readyErr error
+	if onReady != nil {
+		readyErr = onReady(cfg.Mountpoint)
+		if readyErr != nil || !term.IsTerminal(int(os.Stdin.Fd())) {
+			unmount(server, cfg.Mountpoint, log)
+		}
+	}
+	server.Wait()
+	close(stop)
+	log.Info("unmounted", "mountpoint", cfg.Mountpoint)
+	return readyErr
+}
+
+// unmount detaches the mount, lazily if files are still open there, so that a signal
+// always ends the process.
+func unmount(server *fuse.Server, mp string, log *slog.Logger) {
+	if err := server.Unmount(); err != nil {
+		log.Warn("unmount failed; detaching lazily", "mountpoint", mp, "err", err)
+		if os.Geteuid() == 0 {
+			if err := syscall.Unmount(mp, syscall.MNT_DETACH); err == nil {
+				return
+			}
+		}
+		if out, err := exec.Command("fusermount3", "-u", "-z", mp).CombinedOutput(); err != nil {
+			log.Error("lazy unmount failed", "mountpoint", mp, "err", err, "output", strings.TrimSpace(string(out)))
+		}
+	}
+}
+
+// detach leaves the terminal after a background mount is ready.
+func detach() {
+	if devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0); err == nil {
+		for _, fd := range []int{0, 1, 2} {
+			syscall.Dup2(int(devnull.Fd()), fd) //nolint:errcheck // best effort
+		}
+		devnull.Close()
+	}
+	syscall.Setsid() //nolint:errcheck // fails only for a group leader, which we are not
+	signal.Ignore(syscall.SIGHUP)
+}
+
+func mountError(mp string, err error) error {
+	s := err.Error()
+	switch {
+	case strings.Contains(s, "fusermount") && strings.Contains(s, "not found"):
+		return fmt.Errorf("cannot mount %s: fusermount3 is missing — install fuse3 (apt-get install fuse3)", mp)
+	case strings.Contains(s, "allow_other") && strings.Contains(s, "user_allow_other"):
+		return fmt.Errorf("cannot mount %s with -o allow_other: add user_allow_other to /etc/fuse.conf, or drop the option", mp)
+	case strings.Contains(s, "/dev/fuse"):
+		return fmt.Errorf("cannot mount %s: /dev/fuse is not available (%v) — load the fuse module or run where FUSE is allowed", mp, err)
+	}
+	return fmt.Errorf("cannot mount %s: %v", mp, err)
+}

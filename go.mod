@@ -1,0 +1,16 @@
+module github.com/muxfs/muxfs
+
+go 1.26.8
+
+require (
+	github.com/BurntSushi/toml v1.6.0
+	github.com/hanwen/go-fuse/v2 v2.12.1
+	github.com/spf13/cobra v1.10.2
+	golang.org/x/sys v0.49.0
+	golang.org/x/term v0.47.0
+)
+
+require (
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/spf13/pflag v1.0.9 // indirect
+)

@@ -1,0 +1,150 @@
+// Package backend defines what muxfs needs from a source (one remote or local
+// directory) and provides the two implementations: SFTP over ssh, and a local directory.
+//
+// Paths given to a Backend are relative to its root ("" is the root, "a/b" below it) and
+// have been checked by the caller: no empty, "." or ".." components. Errors wrap a
+// syscall.Errno that says precisely what went wrong; ToErrno extracts it.
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"syscall"
+	"time"
+)
+
+// Attr is what muxfs knows of a file: the parts of struct stat an SFTP v3 server sends.
+type Attr struct {
+	Mode  uint32 // st_mode: type bits and permissions
+	Size  int64
+	UID   uint32
+	GID   uint32
+	Atime time.Time
+	Mtime time.Time
+	Nlink uint32 // 0: unknown (SFTP v3 stat carries no link count)
+}
+
+// IsDir reports whether the attributes describe a directory.
+func (a Attr) IsDir() bool { return a.Mode&syscall.S_IFMT == syscall.S_IFDIR }
+
+// Type returns the file type bits of the mode.
+func (a Attr) Type() uint32 { return a.Mode & syscall.S_IFMT }
+
+// Entry is one directory entry with its attributes (lstat semantics).
+type Entry struct {
+	Name string
+	Attr Attr
+}
+
+// SetAttr says which attributes to change; only fields named in Valid are used.
+type SetAttr struct {
+	Valid uint32
+	Mode  uint32 // permission bits only
+	UID   uint32
+	GID   uint32
+	Size  int64
+	Atime time.Time
+	Mtime time.Time
+}
+
+// Bits of SetAttr.Valid.
+const (
+	SetMode = 1 << iota
+	SetOwner
+	SetSize
+	SetTimes // Atime and Mtime both set (the caller fills an omitted one from lstat)
+)
+
+// Statfs is file system usage, in units of Bsize.
+type Statfs struct {
+	Bsize   uint64
+	Blocks  uint64
+	Bfree   uint64
+	Bavail  uint64
+	Files   uint64
+	Ffree   uint64
+	Namemax uint64
+}
+
+// Backend is one source: a directory tree reached over SFTP or locally.
+type Backend interface {
+	// String names the source for logs and errors, e.g. "user@host:/dir".
+	String() string
+	Lstat(ctx context.Context, path string) (Attr, error)
+	ReadDir(ctx context.Context, path string) ([]Entry, error)
+	Readlink(ctx context.Context, path string) (string, error)
+	Mkdir(ctx context.Context, path string, mode uint32) error
+	Rmdir(ctx context.Context, path string) error
+	Unlink(ctx context.Context, path string) error
+	// Rename replaces an existing destination, as rename(2) does.
+	Rename(ctx context.Context, from, to string) error
+	Symlink(ctx context.Context, target, path string) error
+	Link(ctx context.Context, from, to string) error
+	// SetAttr never follows a final symlink where the server allows that; otherwise
+	// changing a symlink's own times or owner fails with EOPNOTSUPP rather than
+	// silently changing its target.
+	SetAttr(ctx context.Context, path string, s SetAttr) error
+	// Open opens with open(2) flags (O_RDONLY, O_CREAT, O_EXCL, ...); mode applies
+	// when the file is created.
+	Open(ctx context.Context, path string, flags int, mode uint32) (File, error)
+	Statfs(ctx context.Context, path string) (Statfs, error)
+	Close() error
+}
+
+// File is an open file of a Backend.
+type File interface {
+	ReadAt(ctx context.Context, p []byte, off int64) (int, error)
+	WriteAt(ctx context.Context, p []byte, off int64) (int, error)
+	Stat(ctx context.Context) (Attr, error)
+	SetAttr(ctx context.Context, s SetAttr) error
+	Sync(ctx context.Context) error
+	Close(ctx context.Context) error
+}
+
+// Error is a failed backend operation: what, where, the precise errno, and the cause.
+type Error struct {
+	Op     string
+	Source string
+	Path   string
+	Errno  syscall.Errno
+	Cause  error
+}
+
+func (e *Error) Error() string {
+	msg := fmt.Sprintf("%s %s:%s: %v", e.Op, e.Source, "/"+e.Path, e.Errno)
+	if e.Cause != nil && e.Cause.Error() != e.Errno.Error() {
+		msg += " (" + e.Cause.Error() + ")"
+	}
+	return msg
+}
+
+func (e *Error) Unwrap() error { return e.Errno }
+
+// ToErrno returns the errno for err: the one a backend chose, or one derived from
+// context and io errors. Unknown errors are EIO: an I/O problem the caller cannot fix.
+func ToErrno(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var errno syscall.Errno
+	switch {
+	case errors.As(err, &errno):
+		return errno
+	case errors.Is(err, context.DeadlineExceeded):
+		return syscall.ETIMEDOUT
+	case errors.Is(err, context.Canceled):
+		return syscall.EINTR
+	case errors.Is(err, fs.ErrNotExist):
+		return syscall.ENOENT
+	case errors.Is(err, fs.ErrExist):
+		return syscall.EEXIST
+	case errors.Is(err, fs.ErrPermission):
+		return syscall.EACCES
+	case errors.Is(err, io.EOF):
+		return 0
+	}
+	return syscall.EIO
+}

@@ -1,0 +1,350 @@
+package backend
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/term"
+	"time"
+
+	"github.com/muxfs/muxfs/internal/sftp"
+)
+
+// Endpoint says how to reach one SSH server. Sources on the same endpoint share its
+// session pool.
+type Endpoint struct {
+	Host       string
+	User       string
+	Port       int
+	SSHCommand []string // the ssh program and its own leading arguments; default "ssh"
+	SSHOptions []string // ssh -o values ("IdentityFile=~/.ssh/id", ...), in order
+	ConfigFile string   // ssh -F
+	SFTPServer string   // a remote command to run instead of the sftp subsystem
+	MaxConns   int      // SFTP sessions in the pool
+}
+
+// String is the endpoint as a user would type it.
+func (e *Endpoint) String() string {
+	s := e.Host
+	if e.User != "" {
+		s = e.User + "@" + s
+	}
+	if e.Port != 0 {
+		s += ":" + strconv.Itoa(e.Port)
+	}
+	return s
+}
+
+// Key identifies endpoints that can share sessions: the whole ssh command line.
+func (e *Endpoint) Key() string { return strings.Join(e.command(false), "\x00") }
+
+// command is the ssh argv. batch turns off every prompt: for sessions opened after the
+// first, which run detached from the terminal.
+func (e *Endpoint) command(batch bool) []string {
+	argv := append([]string(nil), e.SSHCommand...)
+	if len(argv) == 0 {
+		argv = []string{"ssh"}
+	}
+	if e.ConfigFile != "" {
+		argv = append(argv, "-F", e.ConfigFile)
+	}
+	// No X11 or agent forwarding: a file transfer session needs neither, and agent
+	// forwarding to a shared gateway would be a risk. No port forwardings either.
+	argv = append(argv, "-x", "-a", "-oClearAllForwardings=yes")
+	for _, o := range e.SSHOptions {
+		argv = append(argv, "-o"+o)
+	}
+	// Defaults come after the user's options: ssh keeps the first value it reads.
+	// Keep-alives make a dead link show up as a dead session within ~45 s.
+	argv = append(argv, "-oServerAliveInterval=15", "-oServerAliveCountMax=3")
+	if batch {
+		argv = append(argv, "-oBatchMode=yes")
+	}
+	if e.Port != 0 {
+		argv = append(argv, "-p", strconv.Itoa(e.Port))
+	}
+	if e.User != "" {
+		argv = append(argv, "-l", e.User)
+	}
+	if e.SFTPServer != "" {
+		return append(argv, "--", e.Host, e.SFTPServer)
+	}
+	return append(argv, "-s", "--", e.Host, "sftp")
+}
+
+// ConnectError is a failure to open an SFTP session, with ssh's own explanation.
+type ConnectError struct {
+	Endpoint string
+	SSHSays  string // ssh's last meaningful stderr line
+	Cause    error
+}
+
+func (e *ConnectError) Error() string {
+	msg := fmt.Sprintf("cannot connect to %s", e.Endpoint)
+	if e.SSHSays != "" {
+		msg += ": " + e.SSHSays
+	} else if e.Cause != nil {
+		msg += ": " + e.Cause.Error()
+	}
+	if hint := connectHint(e.SSHSays); hint != "" {
+		msg += " — " + hint
+	}
+	return msg
+}
+
+func (e *ConnectError) Unwrap() error { return e.Cause }
+
+// connectHint turns ssh's complaint into what to do about it.
+func connectHint(says string) string {
+	s := strings.ToLower(says)
+	switch {
+	case strings.Contains(s, "could not resolve hostname"):
+		return "check the host name (or its Host entry in ~/.ssh/config)"
+	case strings.Contains(s, "host key verification failed"), strings.Contains(s, "remote host identification has changed"):
+		return "run `ssh` to that host once to check and accept its host key"
+	case strings.Contains(s, "permission denied"), strings.Contains(s, "too many authentication failures"):
+		return "authentication was refused: check the user, the key (-o IdentityFile=...) or your ssh-agent"
+	case strings.Contains(s, "connection refused"):
+		return "no SSH server listens there: check the host and port (-p)"
+	case strings.Contains(s, "timed out"), strings.Contains(s, "no route to host"), strings.Contains(s, "network is unreachable"):
+		return "the host is unreachable: check the network or the host name"
+	case strings.Contains(s, "subsystem request failed"):
+		return "the server has no sftp subsystem: ask its admin, or set -o sftp_server=PATH"
+	}
+	return ""
+}
+
+// session is one `ssh -s sftp` process and its SFTP client.
+type session struct {
+	client *sftp.Client
+	cmd    *exec.Cmd
+}
+
+// startSession spawns ssh and runs the SFTP handshake. interactive leaves ssh in our
+// process group with the terminal, so that a first connection can ask for a passphrase
+// or a host-key confirmation like ssh and sshfs do; later sessions run in their own
+// session with BatchMode, so they never touch the terminal.
+func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog.Logger) (*session, error) {
+	argv := ep.command(!interactive)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	// Pdeathsig: if muxfs dies, its ssh processes go with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM, Setsid: !interactive}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, &ConnectError{Endpoint: ep.String(), Cause: fmt.Errorf("starting %s: %w", argv[0], err)}
+	}
+	log.Debug("ssh started", "endpoint", ep.String(), "pid", cmd.Process.Pid, "argv", argv)
+	stderrDone := make(chan struct{})
+	var lastMu sync.Mutex
+	var last string
+	go func() {
+		defer close(stderrDone)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := strings.TrimSpace(sc.Text())
+			if line == "" {
+				continue
+			}
+			log.Warn("ssh: "+line, "endpoint", ep.String())
+			lastMu.Lock()
+			last = line
+			lastMu.Unlock()
+		}
+	}()
+	exited := make(chan struct{})
+	go func() {
+		cmd.Wait() //nolint:errcheck // exit status is reported through stderr and EOF
+		close(exited)
+	}()
+	closer := closerFunc(func() error {
+		stdin.Close()
+		select {
+		case <-exited:
+		case <-time.After(2 * time.Second):
+			cmd.Process.Kill() //nolint:errcheck // already exiting or gone
+		}
+		return nil
+	})
+	hsCtx := ctx
+	if !interactive {
+		// Nobody can be typing a passphrase: a handshake this slow is a dead link.
+		var cancel context.CancelFunc
+		hsCtx, cancel = context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+	}
+	client, err := sftp.NewClient(hsCtx, stdout, stdin, closer)
+	if err != nil {
+		// Let ssh finish explaining before we quote it.
+		select {
+		case <-stderrDone:
+		case <-time.After(2 * time.Second):
+		}
+		lastMu.Lock()
+		says := last
+		lastMu.Unlock()
+		return nil, &ConnectError{Endpoint: ep.String(), SSHSays: says, Cause: err}
+	}
+	return &session{client: client, cmd: cmd}, nil
+}
+
+type closerFunc func() error
+
+func (f closerFunc) Close() error { return f() }
+
+// Pool is the set of SFTP sessions to one endpoint. Requests go to the session with the
+// fewest requests in flight; more sessions are opened in the background, up to
+// MaxConns, while all existing ones are busy. A dead session is dropped and replaced.
+type Pool struct {
+	ep  *Endpoint
+	log *slog.Logger
+
+	mu       sync.Mutex
+	sessions []*session
+	opening  bool // a background open is under way
+	closed   bool
+	refs     int
+
+	dialMu sync.Mutex // one synchronous redial at a time
+}
+
+// Dial opens the first session (interactive if stdin is a terminal) and returns the
+// pool. A failure here is the user's one-line error.
+func Dial(ctx context.Context, ep *Endpoint, log *slog.Logger) (*Pool, error) {
+	s, err := startSession(ctx, ep, term.IsTerminal(int(os.Stdin.Fd())), log)
+	if err != nil {
+		return nil, err
+	}
+	if ep.MaxConns < 1 {
+		ep.MaxConns = 1
+	}
+	return &Pool{ep: ep, log: log, sessions: []*session{s}}, nil
+}
+
+// Acquire adds a user of the pool; Release closes it when the last user is gone.
+func (p *Pool) Acquire() { p.mu.Lock(); p.refs++; p.mu.Unlock() }
+
+// Release drops a user; the last one closes every session.
+func (p *Pool) Release() {
+	p.mu.Lock()
+	p.refs--
+	if p.refs > 0 {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	sessions := p.sessions
+	p.sessions = nil
+	p.mu.Unlock()
+	for _, s := range sessions {
+		s.client.Close()
+	}
+}
+
+// Get returns a live session's client, the least busy one.
+func (p *Pool) Get(ctx context.Context) (*sftp.Client, error) {
+	p.mu.Lock()
+	var best *sftp.Client
+	live := p.sessions[:0]
+	for _, s := range p.sessions {
+		if s.client.Err() != nil {
+			continue
+		}
+		live = append(live, s)
+		if best == nil || s.client.InFlight() < best.InFlight() {
+			best = s.client
+		}
+	}
+	for i := len(live); i < len(p.sessions); i++ {
+		p.sessions[i] = nil
+	}
+	p.sessions = live
+	if p.closed {
+		p.mu.Unlock()
+		return nil, errors.New("connection pool closed")
+	}
+	if best != nil && best.InFlight() > 0 && len(p.sessions) < p.ep.MaxConns && !p.opening {
+		p.opening = true
+		go p.openMore()
+	}
+	p.mu.Unlock()
+	if best != nil {
+		return best, nil
+	}
+	return p.redial(ctx)
+}
+
+func (p *Pool) openMore() {
+	s, err := startSession(context.Background(), p.ep, false, p.log)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.opening = false
+	if err != nil {
+		p.log.Warn("could not open another SFTP session; going on with fewer", "endpoint", p.ep.String(), "err", err)
+		return
+	}
+	if p.closed {
+		s.client.Close()
+		return
+	}
+	p.sessions = append(p.sessions, s)
+}
+
+// redial replaces a pool whose every session has died.
+func (p *Pool) redial(ctx context.Context) (*sftp.Client, error) {
+	p.dialMu.Lock()
+	defer p.dialMu.Unlock()
+	p.mu.Lock()
+	for _, s := range p.sessions {
+		if s.client.Err() == nil {
+			p.mu.Unlock()
+			return s.client, nil
+		}
+	}
+	p.mu.Unlock()
+	p.log.Warn("reconnecting", "endpoint", p.ep.String())
+	s, err := startSession(ctx, p.ep, false, p.log)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		s.client.Close()
+		return nil, errors.New("connection pool closed")
+	}
+	p.sessions = append(p.sessions, s)
+	return s.client, nil
+}
+
+// Sessions is the number of live sessions.
+func (p *Pool) Sessions() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, s := range p.sessions {
+		if s.client.Err() == nil {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,552 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Placement policies for new files and directories in a union (mergerfs names).
+const (
+	PolicyEPFF  = "epff"  // first writable source where the parent directory exists
+	PolicyFF    = "ff"    // first writable source; the parent path is created there
+	PolicyMFS   = "mfs"   // writable source with the most free space; parent path created
+	PolicyEPMFS = "epmfs" // most free space among those where the parent exists
+)
+
+var policies = []string{PolicyEPFF, PolicyFF, PolicyMFS, PolicyEPMFS}
+
+// Mount places sources at a path of the mounted tree. Several sources form a union.
+type Mount struct {
+	Path    string // absolute, cleaned: "/" or "/FOO"
+	Policy  string
+	Sources []Source
+}
+
+// Options are the mount-wide settings. Names follow sshfs where the meaning is the same.
+type Options struct {
+	Foreground         bool
+	Debug              bool
+	AllowOther         bool
+	DefaultPermissions bool
+	ReadOnly           bool
+	NonEmpty           bool
+	FsName             string
+
+	// ssh
+	Port       int
+	ConfigFile string
+	SSHCommand []string
+	SFTPServer string
+	SSHOptions []string
+	MaxConns   int
+
+	// Kernel cache timeouts.
+	EntryTimeout    time.Duration
+	AttrTimeout     time.Duration
+	NegativeTimeout time.Duration
+}
+
+// Config is the whole mount: where, what, how.
+type Config struct {
+	Mountpoint string
+	Mounts     []Mount
+	Options    Options
+}
+
+// Defaults returns the options a mount starts from.
+func Defaults() Options {
+	return Options{
+		MaxConns:        4,
+		EntryTimeout:    time.Second,
+		AttrTimeout:     time.Second,
+		NegativeTimeout: 0,
+	}
+}
+
+// sshOptionNames are the ssh_config(5) keywords accepted as `-o Name=value` and passed
+// to ssh, as sshfs does. Matching is case-insensitive, like ssh's.
+var sshOptionNames = map[string]bool{}
+
+func init() {
+	for _, n := range strings.Fields(`AddKeysToAgent AddressFamily BatchMode BindAddress
+		BindInterface CanonicalDomains CanonicalizeFallbackLocal CanonicalizeHostname
+		CanonicalizeMaxDots CanonicalizePermittedCNAMEs CASignatureAlgorithms CertificateFile
+		CheckHostIP Ciphers Compression ConnectionAttempts ConnectTimeout ControlMaster
+		ControlPath ControlPersist EnableEscapeCommandline EscapeChar FingerprintHash
+		GlobalKnownHostsFile GSSAPIAuthentication GSSAPIDelegateCredentials HashKnownHosts
+		HostbasedAcceptedAlgorithms HostbasedAuthentication HostKeyAlgorithms HostKeyAlias
+		HostName IdentitiesOnly IdentityAgent IdentityFile IPQoS KbdInteractiveAuthentication
+		KbdInteractiveDevices KexAlgorithms KnownHostsCommand LogLevel LogVerbose MACs
+		NoHostAuthenticationForLocalhost NumberOfPasswordPrompts PasswordAuthentication
+		PKCS11Provider Port PreferredAuthentications ProxyCommand ProxyJump ProxyUseFdpass
+		PubkeyAcceptedAlgorithms PubkeyAcceptedKeyTypes PubkeyAuthentication RekeyLimit
+		RequiredRSASize RevokedHostKeys SecurityKeyProvider SendEnv ServerAliveCountMax
+		ServerAliveInterval SetEnv StrictHostKeyChecking TCPKeepAlive UpdateHostKeys User
+		UserKnownHostsFile VerifyHostKeyDNS VisualHostKey`) {
+		sshOptionNames[strings.ToLower(n)] = true
+	}
+}
+
+// acceptedNoOps are sshfs options muxfs takes for compatibility (existing fstab lines
+// and scripts keep working) without anything to do: their behaviour is built in.
+var acceptedNoOps = map[string]string{
+	"reconnect":     "muxfs always reconnects",
+	"kernel_cache":  "muxfs keeps the page cache while a file is unchanged",
+	"auto_cache":    "muxfs keeps the page cache while a file is unchanged",
+	"large_read":    "muxfs always uses large requests",
+	"big_writes":    "muxfs always uses large requests",
+	"delay_connect": "muxfs connects at mount to report errors at once",
+	// Standard mount(8) options that mount.fuse3 passes on.
+	"rw": "", "dev": "", "nodev": "", "suid": "", "nosuid": "", "exec": "", "noexec": "",
+	"atime": "", "noatime": "", "nodiratime": "", "relatime": "", "async": "", "auto": "",
+	"noauto": "", "user": "", "nouser": "", "users": "", "_netdev": "", "nofail": "", "defaults": "",
+}
+
+// ApplyOptions applies a comma-separated `-o` list. Unknown options are errors: a typo
+// must not silently mount with different settings.
+func (c *Config) ApplyOptions(list string) error {
+	for _, item := range splitOptions(list) {
+		if item == "" {
+			continue
+		}
+		key, val, hasVal := strings.Cut(item, "=")
+		if err := c.applyOption(key, val, hasVal); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// splitOptions splits on commas not escaped with a backslash (sshfs convention).
+func splitOptions(s string) []string {
+	var out []string
+	var cur strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch {
+		case s[i] == '\\' && i+1 < len(s):
+			i++
+			cur.WriteByte(s[i])
+		case s[i] == ',':
+			out = append(out, cur.String())
+			cur.Reset()
+		default:
+			cur.WriteByte(s[i])
+		}
+	}
+	return append(out, cur.String())
+}
+
+func (c *Config) applyOption(key, val string, hasVal bool) error {
+	o := &c.Options
+	needVal := func() error {
+		if !hasVal || val == "" {
+			return fmt.Errorf("option -o %s needs a value: -o %s=VALUE", key, key)
+		}
+		return nil
+	}
+	flag := func(dst *bool) error {
+		if hasVal {
+			return fmt.Errorf("option -o %s takes no value", key)
+		}
+		*dst = true
+		return nil
+	}
+	seconds := func(dst *time.Duration) error {
+		if err := needVal(); err != nil {
+			return err
+		}
+		f, err := strconv.ParseFloat(val, 64)
+		if err != nil || f < 0 {
+			return fmt.Errorf("option -o %s=%s: want a number of seconds", key, val)
+		}
+		*dst = time.Duration(f * float64(time.Second))
+		return nil
+	}
+	switch key {
+	case "allow_other":
+		return flag(&o.AllowOther)
+	case "default_permissions":
+		return flag(&o.DefaultPermissions)
+	case "ro":
+		return flag(&o.ReadOnly)
+	case "nonempty":
+		return flag(&o.NonEmpty)
+	case "debug":
+		o.Debug = true
+		return nil
+	case "fsname":
+		if err := needVal(); err != nil {
+			return err
+		}
+		o.FsName = val
+	case "port":
+		if err := needVal(); err != nil {
+			return err
+		}
+		return setPort(&o.Port, val)
+	case "ssh_command":
+		if err := needVal(); err != nil {
+			return err
+		}
+		o.SSHCommand = strings.Fields(val)
+	case "sftp_server":
+		if err := needVal(); err != nil {
+			return err
+		}
+		o.SFTPServer = val
+	case "max_conns":
+		if err := needVal(); err != nil {
+			return err
+		}
+		n, err := strconv.Atoi(val)
+		if err != nil || n < 1 || n > 64 {
+			return fmt.Errorf("option -o max_conns=%s: want a number from 1 to 64", val)
+		}
+		o.MaxConns = n
+	case "entry_timeout":
+		return seconds(&o.EntryTimeout)
+	case "attr_timeout":
+		return seconds(&o.AttrTimeout)
+	case "negative_timeout":
+		return seconds(&o.NegativeTimeout)
+	case "config":
+		// Handled by the command line before the other options; accepted here so that
+		// an fstab line can carry it.
+		return nil
+	case "compression":
+		// sshfs spells it in lower case with yes/no.
+		if err := needVal(); err != nil {
+			return err
+		}
+		o.SSHOptions = append(o.SSHOptions, "Compression="+val)
+	default:
+		if _, ok := acceptedNoOps[key]; ok {
+			return nil
+		}
+		if sshOptionNames[strings.ToLower(key)] {
+			if err := needVal(); err != nil {
+				return err
+			}
+			o.SSHOptions = append(o.SSHOptions, key+"="+val)
+			return nil
+		}
+		return fmt.Errorf("unknown option -o %s — see `muxfs --help` for the list", key)
+	}
+	return nil
+}
+
+func setPort(dst *int, val string) error {
+	n, err := strconv.Atoi(val)
+	if err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q: want a number from 1 to 65535", val)
+	}
+	*dst = n
+	return nil
+}
+
+// ConfigPath returns the value of a `config=FILE` item in a -o list, if any.
+func ConfigPath(list string) string {
+	for _, item := range splitOptions(list) {
+		if v, ok := strings.CutPrefix(item, "config="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// AddSourcesAtRoot adds command-line sources to the union at "/".
+func (c *Config) AddSourcesAtRoot(args []string) error {
+	for _, a := range args {
+		s, err := ParseSource(a)
+		if err != nil {
+			return err
+		}
+		i := c.mountIndex("/")
+		if i < 0 {
+			c.Mounts = append(c.Mounts, Mount{Path: "/", Policy: PolicyEPFF})
+			i = len(c.Mounts) - 1
+		}
+		c.Mounts[i].Sources = append(c.Mounts[i].Sources, s)
+	}
+	return nil
+}
+
+func (c *Config) mountIndex(p string) int {
+	for i := range c.Mounts {
+		if c.Mounts[i].Path == p {
+			return i
+		}
+	}
+	return -1
+}
+
+// Validate checks the whole table once everything is applied.
+func (c *Config) Validate() error {
+	if len(c.Mounts) == 0 {
+		return errors.New("no source given: muxfs [OPTIONS] SOURCE... MOUNTPOINT (or --config FILE)")
+	}
+	if c.Mountpoint == "" {
+		return errors.New("no mount point given: muxfs [OPTIONS] SOURCE... MOUNTPOINT")
+	}
+	sort.SliceStable(c.Mounts, func(i, j int) bool { return c.Mounts[i].Path < c.Mounts[j].Path })
+	for _, m := range c.Mounts {
+		if len(m.Sources) == 0 {
+			return fmt.Errorf("mount path %s has no sources", m.Path)
+		}
+	}
+	return nil
+}
+
+// tomlFile is the config file's shape. See docs/configuration.md.
+type tomlFile struct {
+	Mountpoint string         `toml:"mountpoint"`
+	Options    map[string]any `toml:"options"`
+	Mount      []tomlMount    `toml:"mount"`
+}
+
+type tomlMount struct {
+	Path    string       `toml:"path"`
+	Policy  string       `toml:"policy"`
+	Sources []tomlSource `toml:"sources"`
+}
+
+// tomlSource is a source string, or a table with the string in `url` and settings.
+type tomlSource struct {
+	URL          string   `toml:"url"`
+	ReadOnly     bool     `toml:"read_only"`
+	NoCreate     bool     `toml:"no_create"`
+	Port         int      `toml:"port"`
+	User         string   `toml:"user"`
+	IdentityFile string   `toml:"identity_file"`
+	SSHOptions   []string `toml:"ssh_options"`
+	MaxConns     int      `toml:"max_conns"`
+}
+
+func (s *tomlSource) UnmarshalTOML(v any) error {
+	switch v := v.(type) {
+	case string:
+		s.URL = v
+		return nil
+	case map[string]any:
+		known := map[string]bool{"url": true, "read_only": true, "no_create": true, "port": true,
+			"user": true, "identity_file": true, "ssh_options": true, "max_conns": true}
+		for k := range v {
+			if !known[k] {
+				return fmt.Errorf("unknown source setting %q (known: url, read_only, no_create, port, user, identity_file, ssh_options, max_conns)", k)
+			}
+		}
+		get := func(k string, dst any) error {
+			raw, ok := v[k]
+			if !ok {
+				return nil
+			}
+			switch d := dst.(type) {
+			case *string:
+				x, ok := raw.(string)
+				if !ok {
+					return fmt.Errorf("source setting %s must be a string", k)
+				}
+				*d = x
+			case *bool:
+				x, ok := raw.(bool)
+				if !ok {
+					return fmt.Errorf("source setting %s must be true or false", k)
+				}
+				*d = x
+			case *int:
+				x, ok := raw.(int64)
+				if !ok {
+					return fmt.Errorf("source setting %s must be a whole number", k)
+				}
+				*d = int(x)
+			case *[]string:
+				arr, ok := raw.([]any)
+				if !ok {
+					return fmt.Errorf("source setting %s must be a list of strings", k)
+				}
+				for _, e := range arr {
+					x, ok := e.(string)
+					if !ok {
+						return fmt.Errorf("source setting %s must be a list of strings", k)
+					}
+					*d = append(*d, x)
+				}
+			}
+			return nil
+		}
+		for k, dst := range map[string]any{"url": &s.URL, "read_only": &s.ReadOnly, "no_create": &s.NoCreate,
+			"port": &s.Port, "user": &s.User, "identity_file": &s.IdentityFile, "ssh_options": &s.SSHOptions,
+			"max_conns": &s.MaxConns} {
+			if err := get(k, dst); err != nil {
+				return err
+			}
+		}
+		if s.URL == "" {
+			return errors.New("a source table needs url = \"host:dir\"")
+		}
+		return nil
+	}
+	return fmt.Errorf("a source is a string \"host:dir\" or a table {url = \"host:dir\", ...}, not %T", v)
+}
+
+// LoadFile reads a TOML config file into c. Errors name the file and, where it can be
+// found, the line.
+func (c *Config) LoadFile(file string) error {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("config file: %v", err)
+	}
+	var tf tomlFile
+	md, err := toml.Decode(string(data), &tf)
+	if err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			return fmt.Errorf("%s:%d: %s", file, pe.Position.Line, pe.Message)
+		}
+		return fmt.Errorf("%s:%d: %v", file, lineOfError(string(data), err), err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		k := und[0]
+		return fmt.Errorf("%s:%d: unknown setting %q", file, lineOf(string(data), k[len(k)-1]), k.String())
+	}
+	at := func(needle string) string { return fmt.Sprintf("%s:%d", file, lineOf(string(data), needle)) }
+	if tf.Mountpoint != "" {
+		c.Mountpoint = expandHome(tf.Mountpoint)
+	}
+	for k, v := range tf.Options {
+		if err := c.applyTOMLOption(k, v); err != nil {
+			return fmt.Errorf("%s: %v", at(k), err)
+		}
+	}
+	for _, m := range tf.Mount {
+		where := at(`"` + m.Path + `"`)
+		if m.Path == "" {
+			return fmt.Errorf("%s: a [[mount]] needs path = \"/...\"", file)
+		}
+		if !strings.HasPrefix(m.Path, "/") {
+			return fmt.Errorf("%s: mount path %q must begin with /", where, m.Path)
+		}
+		p := path.Clean(m.Path)
+		if c.mountIndex(p) >= 0 {
+			return fmt.Errorf("%s: mount path %s is given twice; list all its sources in one [[mount]]", where, p)
+		}
+		if m.Policy == "" {
+			m.Policy = PolicyEPFF
+		}
+		if !validPolicy(m.Policy) {
+			return fmt.Errorf("%s: unknown policy %q (known: %s)", at(m.Policy), m.Policy, strings.Join(policies, ", "))
+		}
+		mount := Mount{Path: p, Policy: m.Policy}
+		for _, ts := range m.Sources {
+			s, err := ParseSource(expandHome(ts.URL))
+			if err != nil {
+				return fmt.Errorf("%s: %v", at(ts.URL), err)
+			}
+			s.ReadOnly, s.NoCreate = ts.ReadOnly, ts.NoCreate
+			if ts.Port != 0 {
+				if s.Local != "" {
+					return fmt.Errorf("%s: port set for local source %s", at(ts.URL), ts.URL)
+				}
+				s.Port = ts.Port
+			}
+			if ts.User != "" {
+				s.User = ts.User
+			}
+			s.IdentityFile = expandHome(ts.IdentityFile)
+			s.SSHOptions = ts.SSHOptions
+			s.MaxConns = ts.MaxConns
+			if err := checkHostUser(&s); s.IsRemote() && err != nil {
+				return fmt.Errorf("%s: %v", at(ts.URL), err)
+			}
+			mount.Sources = append(mount.Sources, s)
+		}
+		if len(mount.Sources) == 0 {
+			return fmt.Errorf("%s: mount path %s has no sources", where, p)
+		}
+		c.Mounts = append(c.Mounts, mount)
+	}
+	return nil
+}
+
+func validPolicy(p string) bool {
+	for _, q := range policies {
+		if p == q {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Config) applyTOMLOption(k string, v any) error {
+	switch v := v.(type) {
+	case bool:
+		if !v {
+			return nil
+		}
+		return c.applyOption(k, "", false)
+	case string:
+		return c.applyOption(k, v, true)
+	case int64:
+		return c.applyOption(k, strconv.FormatInt(v, 10), true)
+	case float64:
+		return c.applyOption(k, strconv.FormatFloat(v, 'f', -1, 64), true)
+	case []any:
+		if k != "ssh_options" {
+			return fmt.Errorf("option %s takes one value, not a list", k)
+		}
+		for _, e := range v {
+			s, ok := e.(string)
+			if !ok || !strings.Contains(s, "=") {
+				return fmt.Errorf("ssh_options entries are strings \"Name=value\", not %v", e)
+			}
+			name, _, _ := strings.Cut(s, "=")
+			if !sshOptionNames[strings.ToLower(name)] {
+				return fmt.Errorf("ssh_options: %q is not an ssh_config option", name)
+			}
+			c.Options.SSHOptions = append(c.Options.SSHOptions, s)
+		}
+		return nil
+	}
+	return fmt.Errorf("option %s has a value of unsupported type %T", k, v)
+}
+
+// lineOf is the 1-based line of the first occurrence of needle, or 0.
+func lineOf(text, needle string) int {
+	if needle == "" {
+		return 0
+	}
+	i := strings.Index(text, needle)
+	if i < 0 {
+		return 0
+	}
+	return strings.Count(text[:i], "\n") + 1
+}
+
+// lineOfError finds the line that a decode error's quoted value sits on.
+func lineOfError(text string, err error) int {
+	msg := err.Error()
+	if i := strings.Index(msg, `"`); i >= 0 {
+		if j := strings.Index(msg[i+1:], `"`); j >= 0 {
+			return lineOf(text, msg[i+1:i+1+j])
+		}
+	}
+	return 0
+}
+
+func expandHome(p string) string {
+	if p == "~" || strings.HasPrefix(p, "~/") {
+		if home, err := os.UserHomeDir(); err == nil {
+			return filepath.Join(home, p[1:])
+		}
+	}
+	return p
+}

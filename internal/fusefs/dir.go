@@ -1,0 +1,546 @@
+package fusefs
+
+import (
+	"context"
+	"os"
+	"slices"
+	"sync"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/muxfs/muxfs/internal/backend"
+	"github.com/muxfs/muxfs/internal/mux"
+)
+
+// dirEntry is one name of a merged listing.
+type dirEntry struct {
+	name     string
+	found    mux.Found
+	junction bool // a directory of the mount table: resolved on lookup, not from here
+	ino      uint64
+	mode     uint32
+}
+
+// dirHandle is an open directory: a snapshot of the merged listing, taken at opendir
+// (and again on rewind). Its attributes answer the kernel's READDIRPLUS lookups, so
+// `ls -l` costs one listing per member, not one request per file.
+type dirHandle struct {
+	n   *node
+	vp  string
+	l   *mux.Layer
+	rel string
+
+	mu      sync.Mutex
+	entries []dirEntry
+	byName  map[string]int
+	pos     int
+}
+
+var _ = (fs.NodeOpendirHandler)((*node)(nil))
+
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	vp, l, rel := n.where()
+	h := &dirHandle{n: n, vp: vp, l: l, rel: rel}
+	if errno := h.load(ctx); errno != 0 {
+		return nil, 0, errno
+	}
+	return h, 0, 0
+}
+
+func (h *dirHandle) load(ctx context.Context) syscall.Errno {
+	n := h.n
+	branch, dirs, _ := n.state()
+	var lists [][]backend.Entry
+	if branch >= 0 && h.l != nil {
+		lists = make([][]backend.Entry, len(dirs))
+		errs := make([]error, len(dirs))
+		var wg sync.WaitGroup
+		for k, i := range dirs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lists[k], errs[k] = h.l.Branches[i].Backend.ReadDir(ctx, h.rel)
+			}()
+		}
+		wg.Wait()
+		for k, err := range errs {
+			if err != nil && !(len(dirs) > 1 && backend.ToErrno(err) == syscall.ENOENT) {
+				return n.fsys.toErrno(err)
+			}
+			_ = k
+		}
+	}
+	parentIno := uint64(rootIno)
+	if _, p := n.Parent(); p != nil {
+		parentIno = p.StableAttr().Ino
+	}
+	entries := []dirEntry{
+		{name: ".", ino: n.StableAttr().Ino, mode: syscall.S_IFDIR},
+		{name: "..", ino: parentIno, mode: syscall.S_IFDIR},
+	}
+	byName := map[string]int{}
+	for _, name := range n.fsys.table.JunctionChildren(h.vp) {
+		byName[name] = len(entries)
+		entries = append(entries, dirEntry{name: name, junction: true, mode: syscall.S_IFDIR,
+			ino: n.fsys.junctionIno(ctx, join(h.vp, name))})
+	}
+	dropped := 0
+	for k, list := range lists {
+		i := dirs[k]
+		for _, e := range list {
+			if !validRemoteName(e.Name) {
+				if e.Name != "." && e.Name != ".." {
+					dropped++
+				}
+				continue
+			}
+			if at, ok := byName[e.Name]; ok {
+				prev := &entries[at]
+				if !prev.junction && prev.found.Attr.IsDir() && e.Attr.IsDir() {
+					prev.found.Dirs = append(prev.found.Dirs, i)
+				}
+				continue
+			}
+			f := mux.Found{Index: i, Attr: e.Attr}
+			if e.Attr.IsDir() {
+				f.Dirs = []int{i}
+			}
+			byName[e.Name] = len(entries)
+			entries = append(entries, dirEntry{name: e.Name, found: f, mode: e.Attr.Type(),
+				ino: n.fsys.inodes.get(h.l.Branches[i].ID, relJoin(h.rel, e.Name))})
+		}
+	}
+	if dropped > 0 {
+		n.fsys.log.Warn("server sent invalid file names (with '/', NUL, '.' or '..'); they are not shown",
+			"dir", h.vp, "count", dropped)
+	}
+	h.entries, h.byName, h.pos = entries, byName, 0
+	return 0
+}
+
+// junctionIno is the number a mount-table directory gets, as Lookup would give it.
+func (f *FS) junctionIno(ctx context.Context, vp string) uint64 {
+	l, rel, found, synthetic, err := f.resolve(ctx, vp)
+	if err != nil || synthetic {
+		return f.inodes.get(-1, vp[1:])
+	}
+	return f.inodes.get(l.Branches[found.Index].ID, rel)
+}
+
+var _ = (fs.FileReaddirenter)((*dirHandle)(nil))
+
+func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.pos >= len(h.entries) {
+		return nil, 0
+	}
+	e := h.entries[h.pos]
+	h.pos++
+	return &fuse.DirEntry{Name: e.name, Mode: e.mode, Ino: e.ino, Off: uint64(h.pos)}, 0
+}
+
+var _ = (fs.FileSeekdirer)((*dirHandle)(nil))
+
+func (h *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	if off == 0 {
+		// rewinddir: show what is there now, as a local file system would.
+		return h.load(ctx)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.pos = int(min(off, uint64(len(h.entries))))
+	return 0
+}
+
+var _ = (fs.FileLookuper)((*dirHandle)(nil))
+
+// Lookup answers READDIRPLUS from the listing's attributes, without a request.
+func (h *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	h.mu.Lock()
+	at, ok := h.byName[name]
+	var e dirEntry
+	if ok {
+		e = h.entries[at]
+	}
+	h.mu.Unlock()
+	if !ok || e.junction {
+		return h.n.Lookup(ctx, name, out)
+	}
+	return h.n.child(ctx, name, join(h.vp, name), h.l, relJoin(h.rel, name), e.found, false, out), 0
+}
+
+var _ = (fs.FileReleasedirer)((*dirHandle)(nil))
+
+func (h *dirHandle) Releasedir(ctx context.Context, flags uint32) {}
+
+// placeNew decides where a new entry name below n goes (the layer's placement policy)
+// and returns its path there.
+func (n *node) placeNew(ctx context.Context, name string) (vp string, l *mux.Layer, rel string, idx int, errno syscall.Errno) {
+	if errno := checkName(name); errno != 0 {
+		return "", nil, "", -1, errno
+	}
+	pvp, l, prel := n.where()
+	vp = join(pvp, name)
+	if n.fsys.table.Junction(vp) {
+		return "", nil, "", -1, syscall.EEXIST
+	}
+	if l == nil {
+		return "", nil, "", -1, syscall.EROFS
+	}
+	_, dirs, _ := n.state()
+	idx, err := l.Place(ctx, prel, dirs)
+	if err != nil {
+		return "", nil, "", -1, n.fsys.toErrno(err)
+	}
+	if !slices.Contains(dirs, idx) {
+		// The policy created the parent path on that branch: it joins the merge.
+		n.mu.Lock()
+		n.dirs = append(append([]int(nil), n.dirs...), idx)
+		slices.Sort(n.dirs)
+		n.mu.Unlock()
+	}
+	return vp, l, relJoin(prel, name), idx, 0
+}
+
+// newEntry makes the inode for an entry just created on branch idx.
+func (n *node) newEntry(ctx context.Context, name, vp string, l *mux.Layer, rel string, idx int, a backend.Attr, out *fuse.EntryOut) *fs.Inode {
+	found := mux.Found{Index: idx, Attr: a}
+	if a.IsDir() {
+		found.Dirs = []int{idx}
+	}
+	n.fsys.inodes.forget(l.Branches[idx].ID, rel)
+	return n.child(ctx, name, vp, l, rel, found, false, out)
+}
+
+var _ = (fs.NodeMkdirer)((*node)(nil))
+
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	vp, l, rel, idx, errno := n.placeNew(ctx, name)
+	if errno != 0 {
+		return nil, errno
+	}
+	b := l.Branches[idx].Backend
+	if err := b.Mkdir(ctx, rel, mode); err != nil {
+		return nil, n.fsys.toErrno(err)
+	}
+	a, err := b.Lstat(ctx, rel)
+	if err != nil {
+		return nil, n.fsys.toErrno(err)
+	}
+	return n.newEntry(ctx, name, vp, l, rel, idx, a, out), 0
+}
+
+var _ = (fs.NodeCreater)((*node)(nil))
+
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	vp, l, rel, idx, errno := n.placeNew(ctx, name)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	b := l.Branches[idx].Backend
+	f, err := b.Open(ctx, rel, openFlags(flags)|os.O_CREATE, mode)
+	if err != nil {
+		return nil, nil, 0, n.fsys.toErrno(err)
+	}
+	a, err := f.Stat(ctx)
+	if err != nil {
+		f.Close(ctx)
+		return nil, nil, 0, n.fsys.toErrno(err)
+	}
+	inode := n.newEntry(ctx, name, vp, l, rel, idx, a, out)
+	return inode, &fileHandle{f: f, n: inode.Operations().(*node)}, 0, 0
+}
+
+var _ = (fs.NodeSymlinker)((*node)(nil))
+
+func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	vp, l, rel, idx, errno := n.placeNew(ctx, name)
+	if errno != 0 {
+		return nil, errno
+	}
+	b := l.Branches[idx].Backend
+	if err := b.Symlink(ctx, target, rel); err != nil {
+		return nil, n.fsys.toErrno(err)
+	}
+	a, err := b.Lstat(ctx, rel)
+	if err != nil {
+		return nil, n.fsys.toErrno(err)
+	}
+	return n.newEntry(ctx, name, vp, l, rel, idx, a, out), 0
+}
+
+var _ = (fs.NodeLinker)((*node)(nil))
+
+func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := checkName(name); errno != 0 {
+		return nil, errno
+	}
+	tn, ok := target.(*node)
+	if !ok {
+		return nil, syscall.EXDEV
+	}
+	_, tl, trel := tn.where()
+	tb, _, _ := tn.state()
+	pvp, l, prel := n.where()
+	if n.fsys.table.Junction(join(pvp, name)) {
+		return nil, syscall.EEXIST
+	}
+	_, pdirs, _ := n.state()
+	switch {
+	case tb < 0 || tl == nil:
+		return nil, syscall.EPERM
+	case l != tl || !slices.Contains(pdirs, tb):
+		// A hard link cannot span sources.
+		return nil, syscall.EXDEV
+	case l.Branches[tb].ReadOnly:
+		return nil, syscall.EROFS
+	}
+	rel := relJoin(prel, name)
+	b := l.Branches[tb]
+	if err := b.Backend.Link(ctx, trel, rel); err != nil {
+		return nil, n.fsys.toErrno(err)
+	}
+	a, err := b.Backend.Lstat(ctx, rel)
+	if err != nil {
+		return nil, n.fsys.toErrno(err)
+	}
+	tn.mu.Lock()
+	tn.nlink = max(tn.nlink+1, 2)
+	nlink := tn.nlink
+	tn.mu.Unlock()
+	ino := tn.StableAttr().Ino
+	n.fsys.inodes.alias(b.ID, rel, ino)
+	fillAttr(&out.Attr, a, ino, nlink)
+	return tn.EmbeddedInode(), 0
+}
+
+// holders returns the branches of l where rel exists, in order. With one branch it
+// asks nothing: the operation itself will say if rel is missing.
+func holders(ctx context.Context, l *mux.Layer, rel string) ([]int, []backend.Attr, error) {
+	if len(l.Branches) == 1 {
+		return []int{0}, nil, nil
+	}
+	attrs := make([]backend.Attr, len(l.Branches))
+	errs := make([]error, len(l.Branches))
+	var wg sync.WaitGroup
+	for i, b := range l.Branches {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			attrs[i], errs[i] = b.Backend.Lstat(ctx, rel)
+		}()
+	}
+	wg.Wait()
+	var idx []int
+	var out []backend.Attr
+	for i, err := range errs {
+		if err == nil {
+			idx = append(idx, i)
+			out = append(out, attrs[i])
+		} else if e := backend.ToErrno(err); e != syscall.ENOENT && e != syscall.ENOTDIR {
+			return nil, nil, err
+		}
+	}
+	if len(idx) == 0 {
+		return nil, nil, syscall.ENOENT
+	}
+	return idx, out, nil
+}
+
+func anyReadOnly(l *mux.Layer, idx []int) bool {
+	for _, i := range idx {
+		if l.Branches[i].ReadOnly {
+			return true
+		}
+	}
+	return false
+}
+
+// dropChild records that name below n no longer exists: its inode number is retired
+// and a still-open file sees its link count fall.
+func (n *node) dropChild(l *mux.Layer, rel, name string, idx []int) {
+	for _, i := range idx {
+		n.fsys.inodes.forget(l.Branches[i].ID, rel)
+	}
+	if ch := n.GetChild(name); ch != nil {
+		if cn, ok := ch.Operations().(*node); ok {
+			cn.mu.Lock()
+			if cn.nlink > 0 {
+				cn.nlink--
+			}
+			cn.mu.Unlock()
+		}
+	}
+}
+
+var _ = (fs.NodeUnlinker)((*node)(nil))
+
+// Unlink removes name from every member that has it, so that no shadowed copy
+// reappears in its place.
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	pvp, l, prel := n.where()
+	if n.fsys.table.Junction(join(pvp, name)) {
+		return syscall.EBUSY
+	}
+	if l == nil {
+		return syscall.ENOENT
+	}
+	rel := relJoin(prel, name)
+	idx, _, err := holders(ctx, l, rel)
+	if err != nil {
+		return n.fsys.toErrno(err)
+	}
+	if anyReadOnly(l, idx) {
+		return syscall.EROFS
+	}
+	for _, i := range idx {
+		if err := l.Branches[i].Backend.Unlink(ctx, rel); err != nil {
+			return n.fsys.toErrno(err)
+		}
+	}
+	n.dropChild(l, rel, name, idx)
+	return 0
+}
+
+var _ = (fs.NodeRmdirer)((*node)(nil))
+
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	pvp, l, prel := n.where()
+	if n.fsys.table.Junction(join(pvp, name)) {
+		return syscall.EBUSY
+	}
+	if l == nil {
+		return syscall.ENOENT
+	}
+	rel := relJoin(prel, name)
+	idx, attrs, err := holders(ctx, l, rel)
+	if err != nil {
+		return n.fsys.toErrno(err)
+	}
+	if anyReadOnly(l, idx) {
+		return syscall.EROFS
+	}
+	if len(idx) > 1 {
+		// Empty in the union means empty on every member: check all before
+		// removing any, so a refusal changes nothing.
+		for k, i := range idx {
+			if !attrs[k].IsDir() {
+				return syscall.ENOTDIR
+			}
+			ents, err := l.Branches[i].Backend.ReadDir(ctx, rel)
+			if err != nil {
+				return n.fsys.toErrno(err)
+			}
+			for _, e := range ents {
+				if e.Name != "." && e.Name != ".." {
+					return syscall.ENOTEMPTY
+				}
+			}
+		}
+	}
+	for _, i := range idx {
+		if err := l.Branches[i].Backend.Rmdir(ctx, rel); err != nil {
+			return n.fsys.toErrno(err)
+		}
+	}
+	n.dropChild(l, rel, name, idx)
+	return 0
+}
+
+var _ = (fs.NodeRenamer)((*node)(nil))
+
+// Rename moves name within one layer. Across layers (different sources) it returns
+// EXDEV, and mv copies instead. In a union the entry moves on every member that holds
+// it, and copies of the target name on other members are removed, so the result looks
+// exactly like rename(2) on one file system.
+func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	if errno := checkName(newName); errno != 0 {
+		return errno
+	}
+	np, ok := newParent.(*node)
+	if !ok {
+		return syscall.EXDEV
+	}
+	svp, dvp := join(n.vpath(), name), join(np.vpath(), newName)
+	if n.fsys.table.Junction(svp) || n.fsys.table.Junction(dvp) {
+		return syscall.EBUSY
+	}
+	sl, srel := n.fsys.table.Enclosing(svp)
+	dl, drel := n.fsys.table.Enclosing(dvp)
+	switch {
+	case sl == nil:
+		return syscall.ENOENT
+	case dl == nil:
+		return syscall.EROFS
+	case sl != dl:
+		return syscall.EXDEV
+	case flags&unixRenameExchange != 0:
+		return syscall.EINVAL // SFTP cannot swap two names atomically
+	}
+	l := sl
+	src, _, err := holders(ctx, l, srel)
+	if err != nil {
+		return n.fsys.toErrno(err)
+	}
+	var dst []int
+	var dstAttrs []backend.Attr
+	if len(l.Branches) > 1 || flags&unixRenameNoreplace != 0 {
+		var all []int
+		var attrs []backend.Attr
+		if len(l.Branches) == 1 {
+			if a, err := l.Branches[0].Backend.Lstat(ctx, drel); err == nil {
+				all, attrs = []int{0}, []backend.Attr{a}
+			}
+		} else if all, attrs, err = holders(ctx, l, drel); err != nil && backend.ToErrno(err) != syscall.ENOENT {
+			return n.fsys.toErrno(err)
+		}
+		if len(all) > 0 && flags&unixRenameNoreplace != 0 {
+			return syscall.EEXIST
+		}
+		for k, i := range all {
+			if !slices.Contains(src, i) {
+				dst = append(dst, i)
+				dstAttrs = append(dstAttrs, attrs[k])
+			}
+		}
+	}
+	_, pdirs, _ := np.state()
+	if anyReadOnly(l, src) || anyReadOnly(l, dst) {
+		return syscall.EROFS
+	}
+	for _, i := range src {
+		if len(l.Branches) > 1 && !slices.Contains(pdirs, i) {
+			return syscall.EXDEV // the target directory is not on that member
+		}
+	}
+	for _, i := range src {
+		if err := l.Branches[i].Backend.Rename(ctx, srel, drel); err != nil {
+			return n.fsys.toErrno(err)
+		}
+	}
+	for k, i := range dst {
+		var err error
+		if dstAttrs[k].IsDir() {
+			err = l.Branches[i].Backend.Rmdir(ctx, drel)
+		} else {
+			err = l.Branches[i].Backend.Unlink(ctx, drel)
+		}
+		if err != nil {
+			return n.fsys.toErrno(err)
+		}
+	}
+	np.dropChild(l, drel, newName, append(append([]int(nil), src...), dst...))
+	for _, i := range src {
+		n.fsys.inodes.move(l.Branches[i].ID, srel, drel)
+	}
+	return 0
+}
+
+// renameat2 flags (linux/fs.h).
+const (
+	unixRenameNoreplace = 1
+	unixRenameExchange  = 2
+)

@@ -1,0 +1,177 @@
+// Package fusefs serves a mux.Table as a FUSE file system (go-fuse v2, fs package).
+package fusefs
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/muxfs/muxfs/internal/backend"
+	"github.com/muxfs/muxfs/internal/mux"
+)
+
+// Options are the FUSE-side settings of a mount.
+type Options struct {
+	FsName             string
+	AllowOther         bool
+	DefaultPermissions bool
+	ReadOnly           bool
+	Debug              bool
+	EntryTimeout       time.Duration
+	AttrTimeout        time.Duration
+	NegativeTimeout    time.Duration
+}
+
+// FS is one mounted file system.
+type FS struct {
+	table     *mux.Table
+	inodes    *inodeTable
+	log       *slog.Logger
+	mountTime time.Time
+	uid, gid  uint32
+	root      *node
+}
+
+// New prepares the file system for table.
+func New(table *mux.Table, log *slog.Logger) *FS {
+	f := &FS{
+		table:     table,
+		inodes:    newInodeTable(),
+		log:       log,
+		mountTime: time.Now(),
+		uid:       uint32(os.Getuid()),
+		gid:       uint32(os.Getgid()),
+	}
+	f.root = &node{fsys: f, branch: -1}
+	if l, rel := table.Enclosing("/"); l != nil && rel == "" {
+		// The root's members are every branch of the root layer until the first
+		// lookup refreshes them.
+		f.root.branch = 0
+		for i := range l.Branches {
+			f.root.dirs = append(f.root.dirs, i)
+		}
+	}
+	return f
+}
+
+// Mount mounts the file system at mountpoint and returns the running server.
+func (f *FS) Mount(mountpoint string, o Options) (*fuse.Server, error) {
+	var fuseOpts []string
+	if o.DefaultPermissions {
+		fuseOpts = append(fuseOpts, "default_permissions")
+	}
+	if o.ReadOnly {
+		fuseOpts = append(fuseOpts, "ro")
+	}
+	entry, attr, negative := o.EntryTimeout, o.AttrTimeout, o.NegativeTimeout
+	opts := &fs.Options{
+		MountOptions: fuse.MountOptions{
+			AllowOther: o.AllowOther,
+			FsName:     o.FsName,
+			Name:       "muxfs",
+			Options:    fuseOpts,
+			// 1 MiB requests: fewer round trips through the kernel for big I/O.
+			MaxWrite: 1 << 20,
+			// With splice on, go-fuse 2.12 logs a line for every 1 MiB read.
+			DisableSplice: true,
+			// Enough queued requests for a parallel build or a pipelined read.
+			MaxBackground: 64,
+			// mount(2) directly when root; otherwise go-fuse falls back to fusermount3,
+			// which is how unprivileged users mount.
+			DirectMount: true,
+			Debug:       o.Debug,
+		},
+		// Explicit timeouts: a nil field in a non-nil fs.Options means zero.
+		EntryTimeout:    &entry,
+		AttrTimeout:     &attr,
+		NegativeTimeout: &negative,
+		RootStableAttr:  &fs.StableAttr{Ino: rootIno},
+		UID:             f.uid,
+		GID:             f.gid,
+	}
+	return fs.Mount(mountpoint, f.root, opts)
+}
+
+// vpath is the node's path in the mounted tree: "/" or "/a/b".
+func (n *node) vpath() string {
+	return "/" + n.Path(nil)
+}
+
+func join(dir, name string) string {
+	if dir == "/" {
+		return "/" + name
+	}
+	return dir + "/" + name
+}
+
+func relJoin(dir, name string) string {
+	if dir == "" {
+		return name
+	}
+	return dir + "/" + name
+}
+
+// checkName refuses names no POSIX file system accepts, before anything is sent.
+func checkName(name string) syscall.Errno {
+	if len(name) > 255 {
+		return syscall.ENAMETOOLONG
+	}
+	return 0
+}
+
+// validRemoteName reports whether a name sent by a server is one we can show: a
+// server (broken or hostile) could send "../x" or "a/b", which would escape or
+// corrupt the tree.
+func validRemoteName(name string) bool {
+	return name != "" && name != "." && name != ".." && len(name) <= 255 &&
+		!strings.ContainsAny(name, "/\x00")
+}
+
+// fillAttr converts backend attributes to FUSE attributes.
+func fillAttr(out *fuse.Attr, a backend.Attr, ino uint64, nlink uint32) {
+	out.Ino = ino
+	out.Mode = a.Mode
+	out.Size = uint64(max(a.Size, 0))
+	out.Blocks = (out.Size + 511) / 512
+	out.Blksize = 128 << 10
+	out.Nlink = nlink
+	out.Uid = a.UID
+	out.Gid = a.GID
+	mtime := a.Mtime
+	out.SetTimes(&a.Atime, &mtime, &mtime)
+}
+
+// syntheticAttr is what a directory made only by the mount table looks like.
+func (f *FS) syntheticAttr() backend.Attr {
+	return backend.Attr{
+		Mode:  syscall.S_IFDIR | 0o755,
+		UID:   f.uid,
+		GID:   f.gid,
+		Atime: f.mountTime,
+		Mtime: f.mountTime,
+		Nlink: 2,
+	}
+}
+
+// toErrno is the FUSE boundary: errors become errnos here and nowhere else. Unexpected
+// I/O failures are logged, since the application only sees EIO.
+func (f *FS) toErrno(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	errno := backend.ToErrno(err)
+	if errno == syscall.EIO || errno == syscall.ETIMEDOUT {
+		f.log.Warn("I/O error", "err", err)
+	} else {
+		f.log.Debug("operation failed", "errno", errno, "err", err)
+	}
+	return errno
+}
+
+func (f *FS) String() string { return fmt.Sprintf("muxfs(%d layers)", len(f.table.Layers())) }

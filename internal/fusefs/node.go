@@ -1,0 +1,279 @@
+package fusefs
+
+import (
+	"context"
+	"sync"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/muxfs/muxfs/internal/backend"
+	"github.com/muxfs/muxfs/internal/mux"
+)
+
+// node is every file, directory and symlink of the mount. It stays small: go-fuse
+// keeps the tree and the path; the node remembers which branch of its layer holds it.
+type node struct {
+	fs.Inode
+	fsys *FS
+
+	mu     sync.Mutex
+	branch int   // the winning branch's index in the layer; -1: made by the mount table
+	dirs   []int // for a directory: the branches whose directories are merged here
+	nlink  uint32
+}
+
+// state is a consistent copy of the node's resolution.
+func (n *node) state() (branch int, dirs []int, nlink uint32) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.branch, n.dirs, n.nlink
+}
+
+func (n *node) setFound(f mux.Found, synthetic bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if synthetic {
+		n.branch, n.dirs, n.nlink = -1, nil, 2
+		return
+	}
+	n.branch, n.dirs = f.Index, f.Dirs
+	if f.Attr.Nlink != 0 {
+		n.nlink = f.Attr.Nlink
+	} else if n.nlink == 0 {
+		n.nlink = 1
+	}
+}
+
+// where is the node's path, the layer serving it and the path inside that layer.
+func (n *node) where() (vp string, l *mux.Layer, rel string) {
+	vp = n.vpath()
+	l, rel = n.fsys.table.Enclosing(vp)
+	return vp, l, rel
+}
+
+// resolve finds vp: a directory guaranteed by the mount table (merged with a real
+// directory of the enclosing layer where there is one), or a name of the layer.
+func (f *FS) resolve(ctx context.Context, vp string) (l *mux.Layer, rel string, found mux.Found, synthetic bool, err error) {
+	l, rel = f.table.Enclosing(vp)
+	if f.table.Junction(vp) {
+		if l != nil {
+			if fd, err := l.Resolve(ctx, rel); err == nil && fd.Attr.IsDir() {
+				return l, rel, fd, false, nil
+			}
+		}
+		return l, rel, mux.Found{Index: -1}, true, nil
+	}
+	if l == nil {
+		return nil, "", mux.Found{}, false, syscall.ENOENT
+	}
+	found, err = l.Resolve(ctx, rel)
+	return l, rel, found, false, err
+}
+
+// child makes (or finds again) the inode for name below n from a resolution.
+func (n *node) child(ctx context.Context, name, vp string, l *mux.Layer, rel string, found mux.Found, synthetic bool, out *fuse.EntryOut) *fs.Inode {
+	var ino uint64
+	attr := found.Attr
+	if synthetic {
+		ino = n.fsys.inodes.get(-1, vp[1:])
+		attr = n.fsys.syntheticAttr()
+	} else {
+		ino = n.fsys.inodes.get(l.Branches[found.Index].ID, rel)
+	}
+	fresh := &node{fsys: n.fsys}
+	fresh.setFound(found, synthetic)
+	inode := n.NewInode(ctx, fresh, fs.StableAttr{Mode: attr.Type(), Ino: ino})
+	ch := inode.Operations().(*node)
+	if ch != fresh {
+		ch.setFound(found, synthetic)
+	}
+	_, _, nlink := ch.state()
+	fillAttr(&out.Attr, attr, ino, nlink)
+	return inode
+}
+
+var _ = (fs.NodeLookuper)((*node)(nil))
+
+func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := checkName(name); errno != 0 {
+		return nil, errno
+	}
+	vp := join(n.vpath(), name)
+	l, rel, found, synthetic, err := n.fsys.resolve(ctx, vp)
+	if err != nil {
+		return nil, n.fsys.toErrno(err)
+	}
+	return n.child(ctx, name, vp, l, rel, found, synthetic, out), 0
+}
+
+var _ = (fs.NodeGetattrer)((*node)(nil))
+
+func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	ino := n.StableAttr().Ino
+	if h, ok := fh.(*fileHandle); ok {
+		a, err := h.f.Stat(ctx)
+		if err != nil {
+			return n.fsys.toErrno(err)
+		}
+		_, _, nlink := n.state()
+		fillAttr(&out.Attr, a, ino, nlink)
+		return 0
+	}
+	vp, l, rel := n.where()
+	branch, _, nlink := n.state()
+	if branch < 0 || l == nil {
+		fillAttr(&out.Attr, n.fsys.syntheticAttr(), ino, 2)
+		return 0
+	}
+	a, err := l.Branches[branch].Backend.Lstat(ctx, rel)
+	if err != nil && backend.ToErrno(err) == syscall.ENOENT && len(l.Branches) > 1 {
+		// The holder lost it: the name may now resolve to another member.
+		_, _, found, synthetic, rerr := n.fsys.resolve(ctx, vp)
+		if rerr != nil {
+			return n.fsys.toErrno(rerr)
+		}
+		n.setFound(found, synthetic)
+		a, err = found.Attr, nil
+	}
+	if err != nil {
+		return n.fsys.toErrno(err)
+	}
+	fillAttr(&out.Attr, a, ino, nlink)
+	return 0
+}
+
+var _ = (fs.NodeSetattrer)((*node)(nil))
+
+func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	_, l, rel := n.where()
+	branch, dirs, _ := n.state()
+	if branch < 0 || l == nil {
+		return syscall.EROFS
+	}
+	targets := []int{branch}
+	if n.IsDir() && len(dirs) > 0 {
+		targets = dirs // keep a merged directory's members alike
+	}
+	for _, i := range targets {
+		if l.Branches[i].ReadOnly {
+			return syscall.EROFS
+		}
+	}
+	var set backend.SetAttr
+	if m, ok := in.GetMode(); ok {
+		set.Valid |= backend.SetMode
+		set.Mode = m & 0o7777
+	}
+	if sz, ok := in.GetSize(); ok {
+		set.Valid |= backend.SetSize
+		set.Size = int64(sz)
+	}
+	uid, uok := in.GetUID()
+	gid, gok := in.GetGID()
+	atime, aok := in.GetATime()
+	mtime, mok := in.GetMTime()
+	if (uok != gok) || (aok != mok) {
+		// SFTP sets uid with gid and atime with mtime: fill the omitted one in.
+		cur, err := l.Branches[branch].Backend.Lstat(ctx, rel)
+		if err != nil {
+			return n.fsys.toErrno(err)
+		}
+		if !uok {
+			uid = cur.UID
+		}
+		if !gok {
+			gid = cur.GID
+		}
+		if !aok {
+			atime = cur.Atime
+		}
+		if !mok {
+			mtime = cur.Mtime
+		}
+	}
+	if uok || gok {
+		set.Valid |= backend.SetOwner
+		set.UID, set.GID = uid, gid
+	}
+	if aok || mok {
+		set.Valid |= backend.SetTimes
+		set.Atime, set.Mtime = atime, mtime
+	}
+	if set.Valid != 0 {
+		var err error
+		if h, ok := fh.(*fileHandle); ok && set.Valid == backend.SetSize {
+			err = h.f.SetAttr(ctx, set) // ftruncate: works on an unlinked open file
+		} else {
+			for _, i := range targets {
+				if err = l.Branches[i].Backend.SetAttr(ctx, rel, set); err != nil {
+					break
+				}
+			}
+		}
+		if err != nil {
+			return n.fsys.toErrno(err)
+		}
+	}
+	return n.Getattr(ctx, fh, out)
+}
+
+var _ = (fs.NodeReadlinker)((*node)(nil))
+
+func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	_, l, rel := n.where()
+	branch, _, _ := n.state()
+	if branch < 0 || l == nil {
+		return nil, syscall.EINVAL
+	}
+	t, err := l.Branches[branch].Backend.Readlink(ctx, rel)
+	if err != nil {
+		return nil, n.fsys.toErrno(err)
+	}
+	return []byte(t), 0
+}
+
+var _ = (fs.NodeStatfser)((*node)(nil))
+
+// Statfs reports the layer's sources added up (a union's capacity is the sum of its
+// members'); above every layer, all sources.
+func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	_, l, _ := n.where()
+	var branches []*mux.Branch
+	if l != nil {
+		branches = l.Branches
+	} else {
+		for _, layer := range n.fsys.table.Layers() {
+			branches = append(branches, layer.Branches...)
+		}
+	}
+	const unit = 4096
+	var sum backend.Statfs
+	sum.Namemax = 255
+	var firstErr error
+	ok := false
+	for _, b := range branches {
+		st, err := b.Backend.Statfs(ctx, "")
+		if err != nil {
+			firstErr = err
+			continue
+		}
+		ok = true
+		bs := max(st.Bsize, 1)
+		sum.Blocks += st.Blocks * bs / unit
+		sum.Bfree += st.Bfree * bs / unit
+		sum.Bavail += st.Bavail * bs / unit
+		sum.Files += st.Files
+		sum.Ffree += st.Ffree
+		if st.Namemax != 0 {
+			sum.Namemax = min(sum.Namemax, st.Namemax)
+		}
+	}
+	if !ok && firstErr != nil {
+		return n.fsys.toErrno(firstErr)
+	}
+	*out = fuse.StatfsOut{Blocks: sum.Blocks, Bfree: sum.Bfree, Bavail: sum.Bavail,
+		Files: sum.Files, Ffree: sum.Ffree, Bsize: unit, Frsize: unit, NameLen: uint32(sum.Namemax)}
+	return 0
+}

@@ -1,0 +1,689 @@
+package sftp
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// ErrClosed is returned for requests on a client whose connection has ended. The cause
+// (the server went away, a malformed packet, Close) is in the wrapped error.
+var ErrClosed = errors.New("sftp: connection closed")
+
+// Client is one SFTP session. All methods are safe for concurrent use; requests from
+// concurrent callers are pipelined on the connection.
+type Client struct {
+	w     io.Writer
+	wmu   sync.Mutex
+	nextI atomic.Uint32
+
+	mu      sync.Mutex
+	pending map[uint32]chan response
+	closed  chan struct{}
+	err     error // why the connection ended; set once before closed is closed
+
+	closer     io.Closer
+	extensions map[string]string
+	inFlight   atomic.Int64
+
+	// Largest READ and WRITE payloads the server accepts (limits@openssh.com, else
+	// the 32 KiB that every server must accept).
+	MaxRead  int
+	MaxWrite int
+}
+
+type response struct {
+	typ  byte
+	data []byte // payload after the request id
+}
+
+// NewClient runs the SFTP version handshake over r/w (the stdout/stdin of `ssh -s
+// sftp`, or a pipe to an sftp-server) and starts reading responses. closer, if not nil,
+// is closed by Close and when the connection fails.
+func NewClient(ctx context.Context, r io.Reader, w io.Writer, closer io.Closer) (*Client, error) {
+	c := &Client{
+		w:        w,
+		pending:  make(map[uint32]chan response),
+		closed:   make(chan struct{}),
+		closer:   closer,
+		MaxRead:  32 << 10,
+		MaxWrite: 32 << 10,
+	}
+	br := bufio.NewReaderSize(r, 256<<10)
+	init := &buffer{b: make([]byte, 4, 9)}
+	init.b = append(init.b, fxpInit)
+	init.u32(3)
+	type versionResult struct {
+		ext map[string]string
+		err error
+	}
+	done := make(chan versionResult, 1)
+	go func() {
+		if _, err := w.Write(init.finish()); err != nil {
+			done <- versionResult{err: fmt.Errorf("sftp: sending init: %w", err)}
+			return
+		}
+		typ, payload, err := readPacket(br)
+		if err != nil {
+			done <- versionResult{err: fmt.Errorf("sftp: reading server version: %w", err)}
+			return
+		}
+		if typ != fxpVersion {
+			done <- versionResult{err: fmt.Errorf("sftp: server answered init with packet type %d, not a version", typ)}
+			return
+		}
+		rd := &reader{b: payload}
+		if v := rd.u32(); v != 3 || rd.err != nil {
+			done <- versionResult{err: fmt.Errorf("sftp: server speaks protocol version %d, want 3", v)}
+			return
+		}
+		ext := map[string]string{}
+		for len(rd.b) > 0 && rd.err == nil {
+			name, data := rd.str(), rd.str()
+			ext[name] = data
+		}
+		done <- versionResult{ext: ext, err: rd.err}
+	}()
+	select {
+	case v := <-done:
+		if v.err != nil {
+			if closer != nil {
+				closer.Close()
+			}
+			return nil, v.err
+		}
+		c.extensions = v.ext
+	case <-ctx.Done():
+		if closer != nil {
+			closer.Close()
+		}
+		return nil, fmt.Errorf("sftp: handshake: %w", ctx.Err())
+	}
+	go c.readLoop(br)
+	if c.HasExtension("limits@openssh.com") {
+		if err := c.loadLimits(ctx); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// readPacket reads one length-prefixed packet and returns its type and payload.
+func readPacket(r *bufio.Reader) (byte, []byte, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:4])
+	if n < 1 || n > maxPacket {
+		return 0, nil, fmt.Errorf("sftp: server sent a packet of %d bytes (limit %d)", n, maxPacket)
+	}
+	payload := make([]byte, n-1)
+	if _, err := io.ReadFull(r, payload); err != nil {
+		return 0, nil, err
+	}
+	return hdr[4], payload, nil
+}
+
+func (c *Client) readLoop(r *bufio.Reader) {
+	for {
+		typ, payload, err := readPacket(r)
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				err = errors.New("server closed the connection")
+			}
+			c.fail(err)
+			return
+		}
+		if len(payload) < 4 {
+			c.fail(errShort)
+			return
+		}
+		id := binary.BigEndian.Uint32(payload)
+		c.mu.Lock()
+		ch, ok := c.pending[id]
+		delete(c.pending, id)
+		c.mu.Unlock()
+		if ok {
+			// Buffered with room for one: never blocks, even when the caller gave up.
+			ch <- response{typ: typ, data: payload[4:]}
+		}
+	}
+}
+
+// fail ends the connection: pending and future requests get ErrClosed wrapping cause.
+func (c *Client) fail(cause error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.err = fmt.Errorf("%w: %v", ErrClosed, cause)
+	c.pending = nil
+	close(c.closed)
+	c.mu.Unlock()
+	if c.closer != nil {
+		c.closer.Close()
+	}
+}
+
+// Close ends the session.
+func (c *Client) Close() error {
+	c.fail(errors.New("closed by client"))
+	return nil
+}
+
+// Done is closed when the connection has ended; Err says why.
+func (c *Client) Done() <-chan struct{} { return c.closed }
+
+// Err is the reason the connection ended, or nil while it is up.
+func (c *Client) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// InFlight is the number of requests sent and not yet answered.
+func (c *Client) InFlight() int64 { return c.inFlight.Load() }
+
+// HasExtension reports whether the server announced the named extension.
+func (c *Client) HasExtension(name string) bool {
+	_, ok := c.extensions[name]
+	return ok
+}
+
+// call is a request sent and not yet waited for; it lets a caller pipeline several.
+type call struct {
+	c  *Client
+	id uint32
+	ch chan response
+}
+
+// start sends a request. The caller must wait on the returned call.
+func (c *Client) start(b *buffer, id uint32) (*call, error) {
+	ch := make(chan response, 1)
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return nil, err
+	}
+	c.pending[id] = ch
+	c.mu.Unlock()
+	c.inFlight.Add(1)
+	c.wmu.Lock()
+	_, err := c.w.Write(b.finish())
+	c.wmu.Unlock()
+	if err != nil {
+		c.inFlight.Add(-1)
+		c.fail(fmt.Errorf("writing request: %w", err))
+		return nil, c.Err()
+	}
+	return &call{c: c, id: id, ch: ch}, nil
+}
+
+func (k *call) wait(ctx context.Context) (response, error) {
+	defer k.c.inFlight.Add(-1)
+	select {
+	case r := <-k.ch:
+		return r, nil
+	case <-k.c.closed:
+		// The answer may have arrived just before the connection ended.
+		select {
+		case r := <-k.ch:
+			return r, nil
+		default:
+			return response{}, k.c.Err()
+		}
+	case <-ctx.Done():
+		k.c.mu.Lock()
+		if k.c.pending != nil {
+			delete(k.c.pending, k.id)
+		}
+		k.c.mu.Unlock()
+		return response{}, ctx.Err()
+	}
+}
+
+func (c *Client) newRequest(typ byte) (*buffer, uint32) {
+	id := c.nextI.Add(1)
+	return newPacket(typ, id), id
+}
+
+func (c *Client) roundTrip(ctx context.Context, b *buffer, id uint32) (response, error) {
+	k, err := c.start(b, id)
+	if err != nil {
+		return response{}, err
+	}
+	return k.wait(ctx)
+}
+
+// status turns a STATUS reply into nil (OK) or a *StatusError; any other reply type is
+// a protocol error.
+func status(r response, op, path string) error {
+	if r.typ != fxpStatus {
+		return fmt.Errorf("sftp %s %s: unexpected reply type %d", op, path, r.typ)
+	}
+	rd := &reader{b: r.data}
+	code := rd.u32()
+	msg := rd.str()
+	if rd.err != nil && code == 0 {
+		return fmt.Errorf("sftp %s %s: %w", op, path, rd.err)
+	}
+	if code == StatusOK {
+		return nil
+	}
+	return &StatusError{Op: op, Path: path, Code: code, Msg: msg}
+}
+
+func (c *Client) simple(ctx context.Context, op string, b *buffer, id uint32, path string) error {
+	r, err := c.roundTrip(ctx, b, id)
+	if err != nil {
+		return err
+	}
+	return status(r, op, path)
+}
+
+func (c *Client) expectAttrs(ctx context.Context, op string, b *buffer, id uint32, path string) (Attrs, error) {
+	r, err := c.roundTrip(ctx, b, id)
+	if err != nil {
+		return Attrs{}, err
+	}
+	if r.typ != fxpAttrs {
+		return Attrs{}, status(r, op, path)
+	}
+	rd := &reader{b: r.data}
+	a := rd.attrs()
+	return a, rd.err
+}
+
+func (c *Client) expectHandle(ctx context.Context, op string, b *buffer, id uint32, path string) (string, error) {
+	r, err := c.roundTrip(ctx, b, id)
+	if err != nil {
+		return "", err
+	}
+	if r.typ != fxpHandle {
+		return "", status(r, op, path)
+	}
+	rd := &reader{b: r.data}
+	h := rd.str()
+	return h, rd.err
+}
+
+// NameEntry is one entry of a NAME reply.
+type NameEntry struct {
+	Name  string
+	Attrs Attrs
+	// Nlink is the link count from the `ls -l` style long name that OpenSSH sends
+	// with each READDIR entry (v3 attributes have no link count); 0 if unknown.
+	Nlink uint32
+}
+
+// nlinkFromLongname reads the second field of "-rw-r--r--    2 user group ...".
+func nlinkFromLongname(s string) uint32 {
+	f := strings.Fields(s)
+	if len(f) < 2 {
+		return 0
+	}
+	n, err := strconv.ParseUint(f[1], 10, 32)
+	if err != nil {
+		return 0
+	}
+	return uint32(n)
+}
+
+func (c *Client) expectNames(ctx context.Context, op string, b *buffer, id uint32, path string) ([]NameEntry, error) {
+	r, err := c.roundTrip(ctx, b, id)
+	if err != nil {
+		return nil, err
+	}
+	if r.typ != fxpName {
+		return nil, status(r, op, path)
+	}
+	rd := &reader{b: r.data}
+	n := rd.u32()
+	// Each entry takes at least 12 bytes; a count beyond that is a lie we must not
+	// allocate for.
+	if uint64(n)*12 > uint64(len(rd.b)) {
+		return nil, fmt.Errorf("sftp %s %s: %w", op, path, errShort)
+	}
+	out := make([]NameEntry, 0, n)
+	for i := uint32(0); i < n; i++ {
+		name := rd.str()
+		long := rd.str()
+		a := rd.attrs()
+		if rd.err != nil {
+			return nil, fmt.Errorf("sftp %s %s: %w", op, path, rd.err)
+		}
+		out = append(out, NameEntry{Name: name, Attrs: a, Nlink: nlinkFromLongname(long)})
+	}
+	return out, nil
+}
+
+func (c *Client) pathRequest(typ byte, path string) (*buffer, uint32) {
+	b, id := c.newRequest(typ)
+	b.str(path)
+	return b, id
+}
+
+// Lstat returns the attributes of path without following a final symlink.
+func (c *Client) Lstat(ctx context.Context, path string) (Attrs, error) {
+	b, id := c.pathRequest(fxpLstat, path)
+	return c.expectAttrs(ctx, "lstat", b, id, path)
+}
+
+// Stat returns the attributes of path, following symlinks.
+func (c *Client) Stat(ctx context.Context, path string) (Attrs, error) {
+	b, id := c.pathRequest(fxpStat, path)
+	return c.expectAttrs(ctx, "stat", b, id, path)
+}
+
+// Fstat returns the attributes of an open handle.
+func (c *Client) Fstat(ctx context.Context, handle string) (Attrs, error) {
+	b, id := c.pathRequest(fxpFstat, handle)
+	return c.expectAttrs(ctx, "fstat", b, id, "")
+}
+
+// Setstat changes attributes of path, following symlinks.
+func (c *Client) Setstat(ctx context.Context, path string, a Attrs) error {
+	b, id := c.pathRequest(fxpSetstat, path)
+	b.attrs(&a)
+	return c.simple(ctx, "setstat", b, id, path)
+}
+
+// Lsetstat changes attributes of path itself, not of a symlink's target. It needs the
+// lsetstat@openssh.com extension (OpenSSH 8.0 and later).
+func (c *Client) Lsetstat(ctx context.Context, path string, a Attrs) error {
+	b, id := c.newRequest(fxpExtended)
+	b.str("lsetstat@openssh.com")
+	b.str(path)
+	b.attrs(&a)
+	return c.simple(ctx, "lsetstat", b, id, path)
+}
+
+// Fsetstat changes attributes of an open handle.
+func (c *Client) Fsetstat(ctx context.Context, handle string, a Attrs) error {
+	b, id := c.pathRequest(fxpFsetstat, handle)
+	b.attrs(&a)
+	return c.simple(ctx, "fsetstat", b, id, "")
+}
+
+// Open opens path with SFTP pflags; attrs (mode) apply when the file is created.
+func (c *Client) Open(ctx context.Context, path string, pflags uint32, a Attrs) (string, error) {
+	b, id := c.pathRequest(fxpOpen, path)
+	b.u32(pflags)
+	b.attrs(&a)
+	return c.expectHandle(ctx, "open", b, id, path)
+}
+
+// CloseHandle closes a file or directory handle.
+func (c *Client) CloseHandle(ctx context.Context, handle string) error {
+	b, id := c.pathRequest(fxpClose, handle)
+	return c.simple(ctx, "close", b, id, "")
+}
+
+// Read reads up to len(p) bytes (at most MaxRead) at off. At end of file it returns
+// 0, io.EOF. A short count is not an error: servers may return less than asked.
+func (c *Client) Read(ctx context.Context, handle string, p []byte, off int64) (int, error) {
+	k, err := c.StartRead(handle, len(p), off)
+	if err != nil {
+		return 0, err
+	}
+	return k.Wait(ctx, p)
+}
+
+// PendingRead is a READ request in flight.
+type PendingRead struct{ k *call }
+
+// StartRead sends a READ of n bytes (at most MaxRead) at off without waiting, so that a
+// caller can keep several in flight.
+func (c *Client) StartRead(handle string, n int, off int64) (*PendingRead, error) {
+	n = min(n, c.MaxRead)
+	b, id := c.pathRequest(fxpRead, handle)
+	b.u64(uint64(off))
+	b.u32(uint32(n))
+	k, err := c.start(b, id)
+	if err != nil {
+		return nil, err
+	}
+	return &PendingRead{k: k}, nil
+}
+
+// Wait collects the answer into p.
+func (pr *PendingRead) Wait(ctx context.Context, p []byte) (int, error) {
+	r, err := pr.k.wait(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if r.typ != fxpData {
+		err := status(r, "read", "")
+		if IsStatus(err, StatusEOF) {
+			return 0, io.EOF
+		}
+		if err == nil {
+			err = errors.New("sftp read: server answered OK without data")
+		}
+		return 0, err
+	}
+	rd := &reader{b: r.data}
+	data := rd.bytes()
+	if rd.err != nil {
+		return 0, rd.err
+	}
+	if len(data) > len(p) {
+		return 0, fmt.Errorf("sftp read: server returned %d bytes for a %d-byte request", len(data), len(p))
+	}
+	return copy(p, data), nil
+}
+
+// PendingWrite is a WRITE request in flight.
+type PendingWrite struct{ k *call }
+
+// StartWrite sends a WRITE of p (at most MaxWrite bytes) at off without waiting.
+func (c *Client) StartWrite(handle string, p []byte, off int64) (*PendingWrite, error) {
+	if len(p) > c.MaxWrite {
+		return nil, fmt.Errorf("sftp write: %d bytes exceed the server's limit of %d", len(p), c.MaxWrite)
+	}
+	b, id := c.pathRequest(fxpWrite, handle)
+	b.u64(uint64(off))
+	b.bytes(p)
+	k, err := c.start(b, id)
+	if err != nil {
+		return nil, err
+	}
+	return &PendingWrite{k: k}, nil
+}
+
+// Wait returns the server's verdict on the write.
+func (pw *PendingWrite) Wait(ctx context.Context) error {
+	r, err := pw.k.wait(ctx)
+	if err != nil {
+		return err
+	}
+	return status(r, "write", "")
+}
+
+// Opendir opens a directory for reading.
+func (c *Client) Opendir(ctx context.Context, path string) (string, error) {
+	b, id := c.pathRequest(fxpOpendir, path)
+	return c.expectHandle(ctx, "opendir", b, id, path)
+}
+
+// ReadDir lists a whole directory, with the attributes the server sends for each entry.
+// The opendir/readdir/close sequence is pipelined: the CLOSE is sent without waiting.
+func (c *Client) ReadDir(ctx context.Context, path string) ([]NameEntry, error) {
+	h, err := c.Opendir(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	var all []NameEntry
+	for {
+		b, id := c.pathRequest(fxpReaddir, h)
+		batch, err := c.expectNames(ctx, "readdir", b, id, path)
+		if IsStatus(err, StatusEOF) {
+			break
+		}
+		if err != nil {
+			c.CloseAsync(h)
+			return nil, err
+		}
+		all = append(all, batch...)
+	}
+	c.CloseAsync(h)
+	return all, nil
+}
+
+// CloseAsync closes a handle whose close result cannot change the caller's outcome (a
+// directory, or a file opened read-only), saving a round trip.
+func (c *Client) CloseAsync(h string) {
+	b, id := c.pathRequest(fxpClose, h)
+	if k, err := c.start(b, id); err == nil {
+		go k.wait(context.Background()) //nolint:errcheck // result is irrelevant by design
+	}
+}
+
+// Remove deletes a non-directory.
+func (c *Client) Remove(ctx context.Context, path string) error {
+	b, id := c.pathRequest(fxpRemove, path)
+	return c.simple(ctx, "remove", b, id, path)
+}
+
+// Mkdir creates a directory with the given attributes (mode).
+func (c *Client) Mkdir(ctx context.Context, path string, a Attrs) error {
+	b, id := c.pathRequest(fxpMkdir, path)
+	b.attrs(&a)
+	return c.simple(ctx, "mkdir", b, id, path)
+}
+
+// Rmdir removes an empty directory.
+func (c *Client) Rmdir(ctx context.Context, path string) error {
+	b, id := c.pathRequest(fxpRmdir, path)
+	return c.simple(ctx, "rmdir", b, id, path)
+}
+
+// Realpath canonicalises path on the server.
+func (c *Client) Realpath(ctx context.Context, path string) (string, error) {
+	b, id := c.pathRequest(fxpRealpath, path)
+	names, err := c.expectNames(ctx, "realpath", b, id, path)
+	if err != nil {
+		return "", err
+	}
+	if len(names) != 1 {
+		return "", fmt.Errorf("sftp realpath %s: server returned %d names", path, len(names))
+	}
+	return names[0].Name, nil
+}
+
+// Readlink returns a symlink's target.
+func (c *Client) Readlink(ctx context.Context, path string) (string, error) {
+	b, id := c.pathRequest(fxpReadlink, path)
+	names, err := c.expectNames(ctx, "readlink", b, id, path)
+	if err != nil {
+		return "", err
+	}
+	if len(names) != 1 {
+		return "", fmt.Errorf("sftp readlink %s: server returned %d names", path, len(names))
+	}
+	return names[0].Name, nil
+}
+
+// Symlink creates link pointing at target. OpenSSH (and every server in practice)
+// takes the arguments in the opposite order to the draft: target first.
+func (c *Client) Symlink(ctx context.Context, target, link string) error {
+	b, id := c.pathRequest(fxpSymlink, target)
+	b.str(link)
+	return c.simple(ctx, "symlink", b, id, link)
+}
+
+// Rename renames with plain SFTP semantics: it fails if newpath exists.
+func (c *Client) Rename(ctx context.Context, oldpath, newpath string) error {
+	b, id := c.pathRequest(fxpRename, oldpath)
+	b.str(newpath)
+	return c.simple(ctx, "rename", b, id, oldpath)
+}
+
+func (c *Client) extended2(ctx context.Context, ext, op, a, bpath string) error {
+	b, id := c.newRequest(fxpExtended)
+	b.str(ext)
+	b.str(a)
+	b.str(bpath)
+	return c.simple(ctx, op, b, id, a)
+}
+
+// PosixRename renames with rename(2) semantics, replacing newpath
+// (posix-rename@openssh.com).
+func (c *Client) PosixRename(ctx context.Context, oldpath, newpath string) error {
+	return c.extended2(ctx, "posix-rename@openssh.com", "posix-rename", oldpath, newpath)
+}
+
+// Hardlink creates newpath as a hard link to oldpath (hardlink@openssh.com).
+func (c *Client) Hardlink(ctx context.Context, oldpath, newpath string) error {
+	return c.extended2(ctx, "hardlink@openssh.com", "hardlink", oldpath, newpath)
+}
+
+// Fsync flushes an open file to stable storage on the server (fsync@openssh.com).
+func (c *Client) Fsync(ctx context.Context, handle string) error {
+	b, id := c.newRequest(fxpExtended)
+	b.str("fsync@openssh.com")
+	b.str(handle)
+	return c.simple(ctx, "fsync", b, id, "")
+}
+
+// StatVFS is the reply of statvfs@openssh.com.
+type StatVFS struct {
+	Bsize, Frsize, Blocks, Bfree, Bavail, Files, Ffree, Favail, Fsid, Flag, Namemax uint64
+}
+
+// Statvfs returns file system statistics for path (statvfs@openssh.com).
+func (c *Client) Statvfs(ctx context.Context, path string) (StatVFS, error) {
+	b, id := c.newRequest(fxpExtended)
+	b.str("statvfs@openssh.com")
+	b.str(path)
+	r, err := c.roundTrip(ctx, b, id)
+	if err != nil {
+		return StatVFS{}, err
+	}
+	if r.typ != fxpExtendedReply {
+		return StatVFS{}, status(r, "statvfs", path)
+	}
+	rd := &reader{b: r.data}
+	s := StatVFS{rd.u64(), rd.u64(), rd.u64(), rd.u64(), rd.u64(), rd.u64(), rd.u64(), rd.u64(), rd.u64(), rd.u64(), rd.u64()}
+	return s, rd.err
+}
+
+// loadLimits asks the server for its packet limits (limits@openssh.com) so that reads
+// and writes use the largest packets it accepts.
+func (c *Client) loadLimits(ctx context.Context) error {
+	b, id := c.newRequest(fxpExtended)
+	b.str("limits@openssh.com")
+	r, err := c.roundTrip(ctx, b, id)
+	if err != nil {
+		return fmt.Errorf("sftp limits: %w", err)
+	}
+	if r.typ != fxpExtendedReply {
+		return nil // announced but refused: keep the safe defaults
+	}
+	rd := &reader{b: r.data}
+	rd.u64() // max packet length: implied by the two below
+	maxRead, maxWrite := rd.u64(), rd.u64()
+	if rd.err != nil {
+		return fmt.Errorf("sftp limits: %w", rd.err)
+	}
+	// Writes carry ~30 bytes of header inside the packet limit; OpenSSH already
+	// accounts for it in max-write-length. Stay below our own receive limit too.
+	if maxRead >= 1024 && maxRead <= maxPacket/2 {
+		c.MaxRead = int(maxRead)
+	}
+	if maxWrite >= 1024 && maxWrite <= maxPacket/2 {
+		c.MaxWrite = int(maxWrite)
+	}
+	return nil
+}
