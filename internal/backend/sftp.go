@@ -88,6 +88,8 @@ func (s *SFTP) fail(ctx context.Context, op, p string, err error, recover func()
 	errno := syscall.EIO
 	var se *sftp.StatusError
 	switch {
+	case errors.As(err, &errno):
+		// Already decided by a check of ours.
 	case errors.As(err, &se):
 		switch se.Code {
 		case sftp.StatusNoSuchFile:
@@ -516,7 +518,10 @@ func (s *SFTP) Open(ctx context.Context, p string, flags int, mode uint32) (File
 	if flags&os.O_CREATE != 0 {
 		a = sftp.Attrs{Flags: sftp.AttrPermissions, Mode: mode & 07777}
 	}
-	h, err := c.Open(ctx, s.abs(p), openFlags(flags), a)
+	h, at, err := c.OpenChecked(ctx, s.abs(p), openFlags(flags), a)
+	if err == nil {
+		err = s.checkOpened(ctx, c, h, at)
+	}
 	if err != nil {
 		return nil, s.fail(ctx, "open", p, err, func() syscall.Errno {
 			st, ok := s.lstatQuiet(p)
@@ -530,6 +535,26 @@ func (s *SFTP) Open(ctx context.Context, p string, flags int, mode uint32) (File
 		})
 	}
 	return &sftpFile{s: s, c: c, h: h, path: p, readOnly: flags&(os.O_WRONLY|os.O_RDWR) == 0}, nil
+}
+
+// checkOpened makes sure the handle is the file at the path, not what a symlink swapped
+// in just before the OPEN pointed to (SFTP v3 opens follow symlinks): the path must not
+// be a symlink after the open, and the open file must have its type, mode and owner.
+func (s *SFTP) checkOpened(ctx context.Context, c *sftp.Client, h string, at sftp.Attrs) error {
+	if at.Mode&syscall.S_IFMT == syscall.S_IFLNK {
+		c.CloseAsync(h)
+		return syscall.ELOOP
+	}
+	fa, err := c.Fstat(ctx, h)
+	if err != nil {
+		c.CloseAsync(h)
+		return err
+	}
+	if fa.Mode != at.Mode || fa.UID != at.UID || fa.GID != at.GID {
+		c.CloseAsync(h)
+		return syscall.ELOOP
+	}
+	return nil
 }
 
 func (s *SFTP) Statfs(ctx context.Context, p string) (Statfs, error) {

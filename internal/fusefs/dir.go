@@ -41,7 +41,11 @@ type dirHandle struct {
 var _ = (fs.NodeOpendirHandler)((*node)(nil))
 
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	vp, l, rel := n.where()
+	ctx = uninterruptible(ctx)
+	vp, l, rel, errno := n.where()
+	if errno != 0 {
+		return nil, 0, errno
+	}
 	h := &dirHandle{n: n, vp: vp, l: l, rel: rel}
 	if errno := h.load(ctx); errno != 0 {
 		return nil, 0, errno
@@ -132,6 +136,7 @@ func (f *FS) junctionIno(ctx context.Context, vp string) uint64 {
 var _ = (fs.FileReaddirenter)((*dirHandle)(nil))
 
 func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.pos >= len(h.entries) {
@@ -145,6 +150,7 @@ func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 var _ = (fs.FileSeekdirer)((*dirHandle)(nil))
 
 func (h *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	if off == 0 {
 		// rewinddir: show what is there now, as a local file system would.
 		return h.load(ctx)
@@ -159,6 +165,7 @@ var _ = (fs.FileLookuper)((*dirHandle)(nil))
 
 // Lookup answers READDIRPLUS from the listing's attributes, without a request.
 func (h *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	h.mu.Lock()
 	at, ok := h.byName[name]
 	var e dirEntry
@@ -182,7 +189,10 @@ func (n *node) placeNew(ctx context.Context, name string) (vp string, l *mux.Lay
 	if errno := checkName(name); errno != 0 {
 		return "", nil, "", -1, errno
 	}
-	pvp, l, prel := n.where()
+	pvp, l, prel, errno := n.where()
+	if errno != 0 {
+		return "", nil, "", -1, errno
+	}
 	vp = join(pvp, name)
 	if n.fsys.table.Junction(vp) {
 		return "", nil, "", -1, syscall.EEXIST
@@ -218,6 +228,7 @@ func (n *node) newEntry(ctx context.Context, name, vp string, l *mux.Layer, rel 
 var _ = (fs.NodeMkdirer)((*node)(nil))
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	vp, l, rel, idx, errno := n.placeNew(ctx, name)
 	if errno != 0 {
 		return nil, errno
@@ -236,6 +247,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 var _ = (fs.NodeCreater)((*node)(nil))
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	vp, l, rel, idx, errno := n.placeNew(ctx, name)
 	if errno != 0 {
 		return nil, nil, 0, errno
@@ -257,6 +269,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 var _ = (fs.NodeSymlinker)((*node)(nil))
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	vp, l, rel, idx, errno := n.placeNew(ctx, name)
 	if errno != 0 {
 		return nil, errno
@@ -275,6 +288,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 var _ = (fs.NodeLinker)((*node)(nil))
 
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	if errno := checkName(name); errno != 0 {
 		return nil, errno
 	}
@@ -282,9 +296,15 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if !ok {
 		return nil, syscall.EXDEV
 	}
-	_, tl, trel := tn.where()
+	_, tl, trel, errno := tn.where()
+	if errno != 0 {
+		return nil, errno
+	}
 	tb, _, _ := tn.state()
-	pvp, l, prel := n.where()
+	pvp, l, prel, errno := n.where()
+	if errno != 0 {
+		return nil, errno
+	}
 	if n.fsys.table.Junction(join(pvp, name)) {
 		return nil, syscall.EEXIST
 	}
@@ -381,7 +401,11 @@ var _ = (fs.NodeUnlinker)((*node)(nil))
 // Unlink removes name from every member that has it, so that no shadowed copy
 // reappears in its place.
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
-	pvp, l, prel := n.where()
+	ctx = uninterruptible(ctx)
+	pvp, l, prel, errno := n.where()
+	if errno != 0 {
+		return errno
+	}
 	if n.fsys.table.Junction(join(pvp, name)) {
 		return syscall.EBUSY
 	}
@@ -408,7 +432,11 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 var _ = (fs.NodeRmdirer)((*node)(nil))
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	pvp, l, prel := n.where()
+	ctx = uninterruptible(ctx)
+	pvp, l, prel, errno := n.where()
+	if errno != 0 {
+		return errno
+	}
 	if n.fsys.table.Junction(join(pvp, name)) {
 		return syscall.EBUSY
 	}
@@ -457,6 +485,7 @@ var _ = (fs.NodeRenamer)((*node)(nil))
 // it, and copies of the target name on other members are removed, so the result looks
 // exactly like rename(2) on one file system.
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	if errno := checkName(newName); errno != 0 {
 		return errno
 	}
@@ -464,7 +493,12 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if !ok {
 		return syscall.EXDEV
 	}
-	svp, dvp := join(n.vpath(), name), join(np.vpath(), newName)
+	sdir, sok := n.vpath()
+	ddir, dok := np.vpath()
+	if !sok || !dok {
+		return syscall.ENOENT
+	}
+	svp, dvp := join(sdir, name), join(ddir, newName)
 	if n.fsys.table.Junction(svp) || n.fsys.table.Junction(dvp) {
 		return syscall.EBUSY
 	}

@@ -25,7 +25,11 @@ func writes(flags int) bool {
 var _ = (fs.NodeOpener)((*node)(nil))
 
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	_, l, rel := n.where()
+	ctx = uninterruptible(ctx)
+	_, l, rel, errno := n.where()
+	if errno != 0 {
+		return nil, 0, errno
+	}
 	branch, _, _ := n.state()
 	if branch < 0 || l == nil {
 		return nil, 0, syscall.EISDIR
@@ -52,6 +56,7 @@ type fileHandle struct {
 var _ = (fs.FileReader)((*fileHandle)(nil))
 
 func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	n, err := h.f.ReadAt(ctx, dest, off)
 	if err != nil && err != io.EOF && n == 0 {
 		return nil, h.n.fsys.toErrno(err)
@@ -62,6 +67,7 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 var _ = (fs.FileWriter)((*fileHandle)(nil))
 
 func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	n, err := h.f.WriteAt(ctx, data, off)
 	if err != nil {
 		return uint32(n), h.n.fsys.toErrno(err)
@@ -76,11 +82,13 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
 var _ = (fs.FileFsyncer)((*fileHandle)(nil))
 
 func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	return h.n.fsys.toErrno(h.f.Sync(ctx))
 }
 
 var _ = (fs.FileReleaser)((*fileHandle)(nil))
 
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	return h.n.fsys.toErrno(h.f.Close(ctx))
 }

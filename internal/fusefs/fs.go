@@ -2,9 +2,11 @@
 package fusefs
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -85,7 +87,10 @@ func (f *FS) Mount(mountpoint string, o Options) (*fuse.Server, error) {
 			// mount(2) directly when root; otherwise go-fuse falls back to fusermount3,
 			// which is how unprivileged users mount.
 			DirectMount: true,
-			Debug:       o.Debug,
+			// SFTP v3 has no extended attributes: say so once (ENOSYS makes the kernel
+			// answer EOPNOTSUPP without asking again).
+			DisableXAttrs: true,
+			Debug:         o.Debug,
 		},
 		// Explicit timeouts: a nil field in a non-nil fs.Options means zero.
 		EntryTimeout:    &entry,
@@ -98,9 +103,27 @@ func (f *FS) Mount(mountpoint string, o Options) (*fuse.Server, error) {
 	return fs.Mount(mountpoint, f.root, opts)
 }
 
-// vpath is the node's path in the mounted tree: "/" or "/a/b".
-func (n *node) vpath() string {
-	return "/" + n.Path(nil)
+// uninterruptible drops the kernel's interrupt from a request's context. The kernel
+// interrupts a FUSE request whenever its caller gets any signal (Go's preemption
+// SIGURG, make's SIGCHLD); answering EINTR then breaks every program that does not
+// retry. Like sshfs without -o intr, requests run to completion.
+func uninterruptible(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
+// vpath is the node's path in the mounted tree: "/" or "/a/b". ok is false for a node
+// that is no longer linked into the tree (unlinked or replaced while the kernel still
+// holds it): it has no path, and must not be taken for the root.
+func (n *node) vpath() (vp string, ok bool) {
+	var segments []string
+	for p := &n.Inode; !p.IsRoot(); {
+		name, parent := p.Parent()
+		if parent == nil {
+			return "", false
+		}
+		segments = append(segments, name)
+		p = parent
+	}
+	slices.Reverse(segments)
+	return "/" + strings.Join(segments, "/"), true
 }
 
 func join(dir, name string) string {

@@ -46,11 +46,15 @@ func (n *node) setFound(f mux.Found, synthetic bool) {
 	}
 }
 
-// where is the node's path, the layer serving it and the path inside that layer.
-func (n *node) where() (vp string, l *mux.Layer, rel string) {
-	vp = n.vpath()
+// where is the node's path, the layer serving it and the path inside that layer;
+// ENOENT if the node has been unlinked.
+func (n *node) where() (vp string, l *mux.Layer, rel string, errno syscall.Errno) {
+	vp, ok := n.vpath()
+	if !ok {
+		return "", nil, "", syscall.ENOENT
+	}
 	l, rel = n.fsys.table.Enclosing(vp)
-	return vp, l, rel
+	return vp, l, rel, 0
 }
 
 // resolve finds vp: a directory guaranteed by the mount table (merged with a real
@@ -97,10 +101,15 @@ func (n *node) child(ctx context.Context, name, vp string, l *mux.Layer, rel str
 var _ = (fs.NodeLookuper)((*node)(nil))
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx = uninterruptible(ctx)
 	if errno := checkName(name); errno != 0 {
 		return nil, errno
 	}
-	vp := join(n.vpath(), name)
+	dir, ok := n.vpath()
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	vp := join(dir, name)
 	l, rel, found, synthetic, err := n.fsys.resolve(ctx, vp)
 	if err != nil {
 		return nil, n.fsys.toErrno(err)
@@ -111,6 +120,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 var _ = (fs.NodeGetattrer)((*node)(nil))
 
 func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	ctx = uninterruptible(ctx)
 	ino := n.StableAttr().Ino
 	if h, ok := fh.(*fileHandle); ok {
 		a, err := h.f.Stat(ctx)
@@ -121,7 +131,10 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 		fillAttr(&out.Attr, a, ino, nlink)
 		return 0
 	}
-	vp, l, rel := n.where()
+	vp, l, rel, errno := n.where()
+	if errno != 0 {
+		return errno
+	}
 	branch, _, nlink := n.state()
 	if branch < 0 || l == nil {
 		fillAttr(&out.Attr, n.fsys.syntheticAttr(), ino, 2)
@@ -147,7 +160,11 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 var _ = (fs.NodeSetattrer)((*node)(nil))
 
 func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	_, l, rel := n.where()
+	ctx = uninterruptible(ctx)
+	_, l, rel, errno := n.where()
+	if errno != 0 {
+		return errno
+	}
 	branch, dirs, _ := n.state()
 	if branch < 0 || l == nil {
 		return syscall.EROFS
@@ -222,7 +239,11 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 var _ = (fs.NodeReadlinker)((*node)(nil))
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
-	_, l, rel := n.where()
+	ctx = uninterruptible(ctx)
+	_, l, rel, errno := n.where()
+	if errno != 0 {
+		return nil, errno
+	}
 	branch, _, _ := n.state()
 	if branch < 0 || l == nil {
 		return nil, syscall.EINVAL
@@ -239,7 +260,11 @@ var _ = (fs.NodeStatfser)((*node)(nil))
 // Statfs reports the layer's sources added up (a union's capacity is the sum of its
 // members'); above every layer, all sources.
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	_, l, _ := n.where()
+	ctx = uninterruptible(ctx)
+	_, l, _, errno := n.where()
+	if errno != 0 {
+		return errno
+	}
 	var branches []*mux.Branch
 	if l != nil {
 		branches = l.Branches

@@ -294,6 +294,10 @@ func (c *Client) simple(ctx context.Context, op string, b *buffer, id uint32, pa
 
 func (c *Client) expectAttrs(ctx context.Context, op string, b *buffer, id uint32, path string) (Attrs, error) {
 	r, err := c.roundTrip(ctx, b, id)
+	return parseAttrs(r, err, op, path)
+}
+
+func parseAttrs(r response, err error, op, path string) (Attrs, error) {
 	if err != nil {
 		return Attrs{}, err
 	}
@@ -307,6 +311,10 @@ func (c *Client) expectAttrs(ctx context.Context, op string, b *buffer, id uint3
 
 func (c *Client) expectHandle(ctx context.Context, op string, b *buffer, id uint32, path string) (string, error) {
 	r, err := c.roundTrip(ctx, b, id)
+	return parseHandle(r, err, op, path)
+}
+
+func parseHandle(r response, err error, op, path string) (string, error) {
 	if err != nil {
 		return "", err
 	}
@@ -422,6 +430,37 @@ func (c *Client) Open(ctx context.Context, path string, pflags uint32, a Attrs) 
 	b.u32(pflags)
 	b.attrs(&a)
 	return c.expectHandle(ctx, "open", b, id, path)
+}
+
+// OpenChecked opens path like Open and, pipelined behind the OPEN, lstats it. SFTP v3
+// has no O_NOFOLLOW: if path was swapped for a symlink, OPEN followed it, and the
+// caller can tell from the returned attributes (those of path itself, just after the
+// open) and refuse the handle.
+func (c *Client) OpenChecked(ctx context.Context, path string, pflags uint32, a Attrs) (string, Attrs, error) {
+	b, id := c.pathRequest(fxpOpen, path)
+	b.u32(pflags)
+	b.attrs(&a)
+	openCall, err := c.start(b, id)
+	if err != nil {
+		return "", Attrs{}, err
+	}
+	lb, lid := c.pathRequest(fxpLstat, path)
+	lstatCall, lerr := c.start(lb, lid)
+	r, err := openCall.wait(ctx)
+	h, err := parseHandle(r, err, "open", path)
+	var la Attrs
+	if lerr == nil {
+		lr, werr := lstatCall.wait(ctx)
+		la, lerr = parseAttrs(lr, werr, "lstat", path)
+	}
+	if err != nil {
+		return "", Attrs{}, err
+	}
+	if lerr != nil {
+		c.CloseAsync(h)
+		return "", Attrs{}, lerr
+	}
+	return h, la, nil
 }
 
 // CloseHandle closes a file or directory handle.
