@@ -157,6 +157,7 @@ func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog
 	stderrDone := make(chan struct{})
 	var lastMu sync.Mutex
 	var last string
+	connected := false
 	go func() {
 		defer close(stderrDone)
 		sc := bufio.NewScanner(stderr)
@@ -165,10 +166,17 @@ func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog
 			if line == "" {
 				continue
 			}
-			log.Warn("ssh: "+line, "endpoint", ep.String())
 			lastMu.Lock()
 			last = line
+			up := connected
 			lastMu.Unlock()
+			// Before the handshake, what ssh says ends up in the connect error (or
+			// is chatter such as "Permanently added ... to known hosts").
+			if up {
+				log.Warn("ssh: "+line, "endpoint", ep.String())
+			} else {
+				log.Debug("ssh: "+line, "endpoint", ep.String())
+			}
 		}
 	}()
 	exited := make(chan struct{})
@@ -204,6 +212,9 @@ func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog
 		lastMu.Unlock()
 		return nil, &ConnectError{Endpoint: ep.String(), SSHSays: says, Cause: err}
 	}
+	lastMu.Lock()
+	connected = true
+	lastMu.Unlock()
 	return &session{client: client, cmd: cmd}, nil
 }
 

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -410,7 +411,13 @@ func (c *Config) LoadFile(file string) error {
 	if err != nil {
 		var pe toml.ParseError
 		if errors.As(err, &pe) {
-			return fmt.Errorf("%s:%d: %s", file, pe.Position.Line, pe.Message)
+			// Count from the byte offset: the parser puts an error found at a line's
+			// end (an unclosed bracket) on the next line.
+			line := pe.Position.Line
+			if pe.Position.Start >= 0 && pe.Position.Start <= len(data) {
+				line = bytes.Count(data[:pe.Position.Start], []byte("\n")) + 1
+			}
+			return fmt.Errorf("%s:%d: %s", file, line, pe.Message)
 		}
 		return fmt.Errorf("%s:%d: %v", file, lineOfError(string(data), err), err)
 	}
