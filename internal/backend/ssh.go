@@ -135,7 +135,7 @@ type session struct {
 // session with BatchMode, so they never touch the terminal.
 func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog.Logger) (*session, error) {
 	argv := ep.command(!interactive)
-	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd := exec.Command(findProgram(argv[0]), argv[1:]...)
 	// Pdeathsig: if muxfs dies, its ssh processes go with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM, Setsid: !interactive}
 	stdin, err := cmd.StdinPipe()
@@ -216,6 +216,23 @@ func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog
 	connected = true
 	lastMu.Unlock()
 	return &session{client: client, cmd: cmd}, nil
+}
+
+// findProgram resolves a program name, also where PATH is empty: mount(8) starts
+// fstab mounts with a bare environment.
+func findProgram(name string) string {
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	if strings.Contains(name, "/") {
+		return name
+	}
+	for _, dir := range []string{"/usr/bin", "/bin", "/usr/local/bin"} {
+		if _, err := os.Stat(dir + "/" + name); err == nil {
+			return dir + "/" + name
+		}
+	}
+	return name
 }
 
 type closerFunc func() error

@@ -95,15 +95,21 @@ func (l *lockedBuffer) String() string {
 // Start runs sshd on a free loopback port, accepting keys' identity for the current
 // user. dir holds its files.
 func Start(dir string, keys *Keys) (*Server, error) {
+	u, err := user.Current()
+	if err != nil {
+		return nil, err
+	}
+	return StartFor(dir, keys, u.Username)
+}
+
+// StartFor is Start for logins as another user (sshd must run as root for that). The
+// authorized keys are then made readable to that user, as sshd reads them as the user.
+func StartFor(dir string, keys *Keys, login string) (*Server, error) {
 	sshdPath, err := findSSHD()
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
-	u, err := user.Current()
-	if err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	hostKey := filepath.Join(dir, "host_ed25519")
@@ -115,7 +121,7 @@ func Start(dir string, keys *Keys) (*Server, error) {
 		return nil, err
 	}
 	authKeys := filepath.Join(dir, "authorized_keys")
-	if err := os.WriteFile(authKeys, pub, 0o600); err != nil {
+	if err := os.WriteFile(authKeys, pub, 0o644); err != nil {
 		return nil, err
 	}
 	if os.Geteuid() == 0 {
@@ -143,7 +149,7 @@ func Start(dir string, keys *Keys) (*Server, error) {
 			"KbdInteractiveAuthentication no",
 			"PubkeyAuthentication yes",
 			"PermitRootLogin prohibit-password",
-			"AllowUsers " + u.Username,
+			"AllowUsers " + login,
 			// In-process SFTP: needs no login shell, so service accounts work too.
 			"Subsystem sftp internal-sftp",
 			"MaxStartups 100:30:200",
@@ -153,7 +159,7 @@ func Start(dir string, keys *Keys) (*Server, error) {
 		if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
 			return nil, err
 		}
-		s := &Server{Dir: dir, Port: port, User: u.Username, done: make(chan struct{}), log: &lockedBuffer{}}
+		s := &Server{Dir: dir, Port: port, User: login, done: make(chan struct{}), log: &lockedBuffer{}}
 		s.cmd = exec.Command(sshdPath, "-D", "-e", "-f", cfg)
 		s.cmd.Stdout = s.log
 		s.cmd.Stderr = s.log
