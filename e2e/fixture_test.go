@@ -196,19 +196,6 @@ func run(t *testing.T, script string) string {
 	return string(out)
 }
 
-// helper runs this test binary as a helper process (see runHelper) and returns its
-// output; the mount must only be touched from other processes.
-func helper(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), "MUXFS_TEST_HELPER="+name)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("helper %s %v: %v\n%s", name, args, err, out)
-	}
-	return string(out)
-}
-
 func writeFile(t *testing.T, p, content string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {

@@ -93,9 +93,19 @@ func (s *SFTP) fail(ctx context.Context, op, p string, err error, recover func()
 	case errors.As(err, &se):
 		switch se.Code {
 		case sftp.StatusNoSuchFile:
+			// OpenSSH also reports ENOTDIR and ELOOP this way. Lookups (no recover
+			// function) skip the check: a missing name is common, the kernel resolves
+			// paths one directory at a time, and an extra round trip there is costly.
 			errno = syscall.ENOENT
+			if recover == nil {
+				break
+			}
 			if s.parentIsFile(ctx, p) {
 				errno = syscall.ENOTDIR
+			} else if _, exists := s.lstatQuiet(p); exists {
+				if e := recover(); e != syscall.EIO {
+					errno = e
+				}
 			}
 		case sftp.StatusPermissionDenied:
 			errno = syscall.EACCES

@@ -69,11 +69,11 @@ func (h *dirHandle) load(ctx context.Context) syscall.Errno {
 			}()
 		}
 		wg.Wait()
-		for k, err := range errs {
+		for _, err := range errs {
+			// A member whose directory vanished drops out of the merge.
 			if err != nil && !(len(dirs) > 1 && backend.ToErrno(err) == syscall.ENOENT) {
 				return n.fsys.toErrno(err)
 			}
-			_ = k
 		}
 	}
 	parentIno := uint64(rootIno)
@@ -136,7 +136,6 @@ func (f *FS) junctionIno(ctx context.Context, vp string) uint64 {
 var _ = (fs.FileReaddirenter)((*dirHandle)(nil))
 
 func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
-	ctx = uninterruptible(ctx)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.pos >= len(h.entries) {
@@ -178,10 +177,6 @@ func (h *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	}
 	return h.n.child(ctx, name, join(h.vp, name), h.l, relJoin(h.rel, name), e.found, false, out), 0
 }
-
-var _ = (fs.FileReleasedirer)((*dirHandle)(nil))
-
-func (h *dirHandle) Releasedir(ctx context.Context, flags uint32) {}
 
 // placeNew decides where a new entry name below n goes (the layer's placement policy)
 // and returns its path there.

@@ -356,12 +356,21 @@ func (c *Client) expectNames(ctx context.Context, op string, b *buffer, id uint3
 	if r.typ != fxpName {
 		return nil, status(r, op, path)
 	}
-	rd := &reader{b: r.data}
+	out, err := parseNames(r.data)
+	if err != nil {
+		return nil, fmt.Errorf("sftp %s %s: %w", op, path, err)
+	}
+	return out, nil
+}
+
+// parseNames decodes the body of a NAME reply.
+func parseNames(data []byte) ([]NameEntry, error) {
+	rd := &reader{b: data}
 	n := rd.u32()
 	// Each entry takes at least 12 bytes; a count beyond that is a lie we must not
 	// allocate for.
-	if uint64(n)*12 > uint64(len(rd.b)) {
-		return nil, fmt.Errorf("sftp %s %s: %w", op, path, errShort)
+	if rd.err != nil || uint64(n)*12 > uint64(len(rd.b)) {
+		return nil, errShort
 	}
 	out := make([]NameEntry, 0, n)
 	for i := uint32(0); i < n; i++ {
@@ -369,7 +378,7 @@ func (c *Client) expectNames(ctx context.Context, op string, b *buffer, id uint3
 		long := rd.str()
 		a := rd.attrs()
 		if rd.err != nil {
-			return nil, fmt.Errorf("sftp %s %s: %w", op, path, rd.err)
+			return nil, rd.err
 		}
 		out = append(out, NameEntry{Name: name, Attrs: a, Nlink: nlinkFromLongname(long)})
 	}

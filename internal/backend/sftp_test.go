@@ -1,0 +1,129 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// newTestSFTP serves a temporary directory with OpenSSH's sftp-server started through
+// ssh_command (no sshd): the endpoint's ssh arguments land in sh's unused $0.. $n.
+func newTestSFTP(t *testing.T) (*SFTP, string) {
+	t.Helper()
+	const server = "/usr/lib/openssh/sftp-server"
+	if _, err := os.Stat(server); err != nil {
+		t.Skip("OpenSSH sftp-server not installed")
+	}
+	dir := t.TempDir()
+	ep := &Endpoint{Host: "test", SSHCommand: []string{"/bin/sh", "-c", "exec " + server}, MaxConns: 2}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	pool, err := Dial(context.Background(), ep, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.Acquire()
+	s, err := NewSFTP(context.Background(), pool, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close(); pool.Release() })
+	return s, dir
+}
+
+func wantErrno(t *testing.T, what string, err error, want syscall.Errno) {
+	t.Helper()
+	if got := ToErrno(err); got != want {
+		t.Errorf("%s: got %v (%v), want %v", what, got, err, want)
+	}
+}
+
+// TestErrnoRecovery: OpenSSH's sftp-server folds errnos into FAILURE; the backend must
+// still give each case the errno POSIX specifies.
+func TestErrnoRecovery(t *testing.T) {
+	s, dir := newTestSFTP(t)
+	ctx := context.Background()
+	os.MkdirAll(dir+"/full/sub", 0o755)                 //nolint:errcheck
+	os.MkdirAll(dir+"/empty", 0o755)                    //nolint:errcheck
+	os.WriteFile(dir+"/file", []byte("x"), 0o644)       //nolint:errcheck
+	os.WriteFile(dir+"/full/inner", []byte("y"), 0o644) //nolint:errcheck
+	os.Symlink("file", dir+"/link")                     //nolint:errcheck
+	wantErrno(t, "mkdir onto a directory", s.Mkdir(ctx, "full", 0o755), syscall.EEXIST)
+	wantErrno(t, "mkdir onto a file", s.Mkdir(ctx, "file", 0o755), syscall.EEXIST)
+	wantErrno(t, "rmdir of a non-empty directory", s.Rmdir(ctx, "full"), syscall.ENOTEMPTY)
+	wantErrno(t, "rmdir of a file", s.Rmdir(ctx, "file"), syscall.ENOTDIR)
+	wantErrno(t, "unlink of a directory", s.Unlink(ctx, "empty"), syscall.EISDIR)
+	wantErrno(t, "lstat of a missing name", func() error { _, err := s.Lstat(ctx, "none"); return err }(), syscall.ENOENT)
+	wantErrno(t, "mkdir through a file", s.Mkdir(ctx, "file/x", 0o755), syscall.ENOTDIR)
+	wantErrno(t, "symlink onto an existing name", s.Symlink(ctx, "t", "file"), syscall.EEXIST)
+	wantErrno(t, "link onto an existing name", s.Link(ctx, "file", "full"), syscall.EEXIST)
+	wantErrno(t, "rename a directory onto a non-empty one", s.Rename(ctx, "empty", "full"), syscall.ENOTEMPTY)
+	wantErrno(t, "rename a file onto a directory", s.Rename(ctx, "file", "empty"), syscall.EISDIR)
+	wantErrno(t, "rename a directory onto a file", s.Rename(ctx, "empty", "file"), syscall.ENOTDIR)
+	wantErrno(t, "readlink of a file", func() error { _, err := s.Readlink(ctx, "file"); return err }(), syscall.EINVAL)
+	wantErrno(t, "O_EXCL on an existing file", func() error {
+		_, err := s.Open(ctx, "file", os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+		return err
+	}(), syscall.EEXIST)
+	wantErrno(t, "open a directory for writing", func() error {
+		_, err := s.Open(ctx, "empty", os.O_WRONLY, 0)
+		return err
+	}(), syscall.EISDIR)
+}
+
+func TestSFTPBackendBasics(t *testing.T) {
+	s, dir := newTestSFTP(t)
+	ctx := context.Background()
+	f, err := s.Open(ctx, "new", os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o751)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 3<<20+5)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	if n, err := f.WriteAt(ctx, data, 0); err != nil || n != len(data) {
+		t.Fatalf("write: %d %v", n, err)
+	}
+	got := make([]byte, len(data)+100)
+	if n, err := f.ReadAt(ctx, got, 0); err != nil || n != len(data) || string(got[:n]) != string(data) {
+		t.Fatalf("read: %d %v", n, err)
+	}
+	if err := f.SetAttr(ctx, SetAttr{Valid: SetSize, Size: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := f.Stat(ctx); err != nil || a.Size != 10 || a.Mode&0o777 != 0o751 {
+		t.Fatalf("fstat: %+v %v", a, err)
+	}
+	if err := f.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	os.Symlink("new", dir+"/sl") //nolint:errcheck
+	when := time.Unix(1_200_000_000, 0)
+	if err := s.SetAttr(ctx, "sl", SetAttr{Valid: SetTimes, Atime: when, Mtime: when}); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Lstat(dir + "/sl"); !fi.ModTime().Equal(when) {
+		t.Error("utimens on a symlink must change the link itself")
+	}
+	if fi, _ := os.Stat(dir + "/new"); fi.ModTime().Equal(when) {
+		t.Error("utimens on a symlink changed its target")
+	}
+	ents, err := s.ReadDir(ctx, "")
+	if err != nil || len(ents) < 2 {
+		t.Fatalf("readdir: %v %v", ents, err)
+	}
+	if st, err := s.Statfs(ctx, ""); err != nil || st.Blocks == 0 {
+		t.Errorf("statfs: %+v %v", st, err)
+	}
+	if !errors.Is(s.Unlink(ctx, "sl"), nil) {
+		t.Error("unlink symlink failed")
+	}
+}

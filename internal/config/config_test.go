@@ -1,0 +1,166 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseSource(t *testing.T) {
+	cases := []struct {
+		in                   string
+		host, user, dir, loc string
+		port                 int
+		err                  string
+	}{
+		{in: "login1:/home/me", host: "login1", dir: "/home/me"},
+		{in: "me@login1:project", user: "me", host: "login1", dir: "project"},
+		{in: "login1:", host: "login1"},
+		{in: "a@b@host:/x", user: "a@b", host: "host", dir: "/x"},
+		{in: "[::1]:/srv", host: "::1", dir: "/srv"},
+		{in: "me@[fe80::1]:/srv", user: "me", host: "fe80::1", dir: "/srv"},
+		{in: "sftp://me@gw:2222/data/x", user: "me", host: "gw", port: 2222, dir: "/data/x"},
+		{in: "sftp://gw/~/rel", host: "gw", dir: "rel"},
+		{in: "sftp://gw", host: "gw"},
+		{in: "/local/dir", loc: "/local/dir"},
+		{in: "./odd:name", loc: "./odd:name"},
+		{in: "relative/dir", loc: "relative/dir"},
+		{in: "", err: "empty source"},
+		{in: ":/x", err: "no host name"},
+		{in: "@host:/x", err: "empty user name"},
+		{in: "-oProxyCommand=x:/d", err: "cannot begin with '-'"},
+		{in: "-l@host:/d", err: "cannot begin with '-'"},
+		{in: "sftp://-oProxyCommand=x/d", err: "cannot begin with '-'"},
+		{in: "sftp://u:pw@host/d", err: "passwords in URLs"},
+		{in: "sftp://host:99999/d", err: "port"},
+		{in: "ftp://host/d", err: "only sftp://"},
+		{in: "ho;st:/d", err: "characters a host name cannot have"},
+		{in: "host\x00:/d", err: "NUL"},
+	}
+	for _, c := range cases {
+		s, err := ParseSource(c.in)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q: got error %v, want %q", c.in, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: %v", c.in, err)
+			continue
+		}
+		if s.Host != c.host || s.User != c.user || s.Dir != c.dir || s.Local != c.loc || s.Port != c.port {
+			t.Errorf("%q: got %+v", c.in, s)
+		}
+	}
+}
+
+func FuzzParseSource(f *testing.F) {
+	for _, s := range []string{"h:/x", "u@h:d", "sftp://u@h:22/x", "[::1]:/x", "/l", "-o:x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		s, err := ParseSource(in)
+		if err != nil || !s.IsRemote() {
+			return
+		}
+		if s.Host == "" || strings.HasPrefix(s.Host, "-") || strings.HasPrefix(s.User, "-") {
+			t.Errorf("%q accepted with host %q user %q", in, s.Host, s.User)
+		}
+	})
+}
+
+func TestOptions(t *testing.T) {
+	c := &Config{Options: Defaults()}
+	err := c.ApplyOptions(`allow_other,default_permissions,max_conns=8,port=2222,IdentityFile=/k,Ciphers=aes128-gcm@openssh.com\,aes256-gcm@openssh.com,attr_timeout=2.5,reconnect,ro,rw,_netdev`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := c.Options
+	if !o.AllowOther || !o.DefaultPermissions || o.MaxConns != 8 || o.Port != 2222 || !o.ReadOnly || o.AttrTimeout != 2500*time.Millisecond {
+		t.Errorf("options: %+v", o)
+	}
+	if strings.Join(o.SSHOptions, "|") != "IdentityFile=/k|Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com" {
+		t.Errorf("ssh options: %q", o.SSHOptions)
+	}
+	for _, bad := range []string{"frob", "max_conns=0", "max_conns=x", "port=0", "allow_other=1", "IdentityFile", "attr_timeout=-1"} {
+		if err := (&Config{Options: Defaults()}).ApplyOptions(bad); err == nil {
+			t.Errorf("-o %s accepted", bad)
+		}
+	}
+	if ConfigPath("ro,config=/etc/m.toml,x") != "/etc/m.toml" {
+		t.Error("config= not found")
+	}
+}
+
+func writeTOML(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "m.toml")
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestLoadFile(t *testing.T) {
+	p := writeTOML(t, `
+mountpoint = "/mnt/hpc"
+
+[options]
+max_conns = 2
+allow_other = true
+ssh_options = ["IdentityFile=/k"]
+
+[[mount]]
+path = "/"
+policy = "mfs"
+sources = ["login1:/home/me", {url = "login1:/project/me", read_only = true}]
+
+[[mount]]
+path = "/FOO/"
+sources = [{url = "gw1:/P/FOO", port = 2200, user = "layton", identity_file = "/id", ssh_options = ["Compression=yes"], max_conns = 1}]
+`)
+	c := &Config{Options: Defaults()}
+	if err := c.LoadFile(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Mountpoint != "/mnt/hpc" || c.Options.MaxConns != 2 || !c.Options.AllowOther || len(c.Mounts) != 2 {
+		t.Fatalf("config: %+v", c)
+	}
+	root, foo := c.Mounts[0], c.Mounts[1]
+	if root.Path != "/" || root.Policy != "mfs" || len(root.Sources) != 2 || !root.Sources[1].ReadOnly {
+		t.Errorf("root mount: %+v", root)
+	}
+	s := foo.Sources[0]
+	if foo.Path != "/FOO" || s.Port != 2200 || s.User != "layton" || s.IdentityFile != "/id" || s.MaxConns != 1 || s.SSHOptions[0] != "Compression=yes" {
+		t.Errorf("graft: %+v", foo)
+	}
+}
+
+func TestLoadFileErrors(t *testing.T) {
+	cases := []struct{ text, want string }{
+		{"[[mount]\n", ":1:"},
+		{"[options]\nmax_conns = 0\n", ":2: option -o max_conns=0"},
+		{"[[mount]]\npath = \"/\"\nsources = [\"a:/x\"]\npolicy = \"best\"\n", ":4: unknown policy"},
+		{"[[mount]]\npath = \"rel\"\nsources = [\"a:/x\"]\n", "must begin with /"},
+		{"[[mount]]\npath = \"/\"\nsources = [\"a:/x\"]\n[[mount]]\npath = \"/\"\nsources = [\"b:/x\"]\n", "given twice"},
+		{"[[mount]]\npath = \"/\"\nsources = []\n", "has no sources"},
+		{"[[mount]]\npath = \"/\"\nsources = [{url = \"a:/x\", colour = 1}]\n", "unknown source setting"},
+		{"[[mount]]\npath = \"/\"\nsources = [3]\n", "a source is a string"},
+		{"[[mount]]\npath = \"/\"\nsources = [\"ok:/x\",\n \"-x:/y\"]\n", ":4: source"},
+		{"unknown = 1\n", ":1: unknown setting"},
+		{"[options]\nssh_options = [\"Bogus=1\"]\n", "not an ssh_config option"},
+	}
+	for _, c := range cases {
+		p := writeTOML(t, c.text)
+		err := (&Config{Options: Defaults()}).LoadFile(p)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: got %v, want %q", c.text, err, c.want)
+		}
+	}
+}

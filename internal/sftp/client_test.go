@@ -1,0 +1,329 @@
+package sftp
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const sftpServer = "/usr/lib/openssh/sftp-server"
+
+// serve starts OpenSSH's sftp-server on pipes (no ssh needed) and returns a client.
+func serve(t *testing.T) (*Client, string) {
+	t.Helper()
+	if _, err := os.Stat(sftpServer); err != nil {
+		t.Skip("OpenSSH sftp-server not installed (apt-get install openssh-server)")
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(sftpServer, "-e", "-l", "ERROR")
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	closer := closerFunc(func() error { stdin.Close(); return cmd.Wait() })
+	c, err := NewClient(context.Background(), stdout, stdin, closer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, dir
+}
+
+type closerFunc func() error
+
+func (f closerFunc) Close() error { return f() }
+
+func TestHandshakeAndLimits(t *testing.T) {
+	c, _ := serve(t)
+	for _, ext := range []string{"posix-rename@openssh.com", "statvfs@openssh.com", "hardlink@openssh.com",
+		"fsync@openssh.com", "lsetstat@openssh.com", "limits@openssh.com"} {
+		if !c.HasExtension(ext) {
+			t.Errorf("extension %s not announced", ext)
+		}
+	}
+	if c.MaxRead < 64<<10 || c.MaxWrite < 64<<10 {
+		t.Errorf("limits not applied: read %d write %d", c.MaxRead, c.MaxWrite)
+	}
+}
+
+func TestFileRoundTrip(t *testing.T) {
+	c, dir := serve(t)
+	ctx := context.Background()
+	p := filepath.Join(dir, "f")
+	h, err := c.Open(ctx, p, FlagWrite|FlagCreate|FlagExcl, Attrs{Flags: AttrPermissions, Mode: 0o640})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("0123456789abcdef"), 100_000)
+	// Pipeline every chunk, then collect.
+	var pending []*PendingWrite
+	for off := 0; off < len(data); off += c.MaxWrite {
+		w, err := c.StartWrite(h, data[off:min(len(data), off+c.MaxWrite)], int64(off))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pending = append(pending, w)
+	}
+	for _, w := range pending {
+		if err := w.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Fsync(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseHandle(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(p)
+	if err != nil || st.Mode().Perm() != 0o640 || st.Size() != int64(len(data)) {
+		t.Fatalf("created file: %v %v", err, st)
+	}
+	h, err = c.Open(ctx, p, FlagRead, Attrs{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 0, len(data))
+	buf := make([]byte, c.MaxRead)
+	for off := int64(0); ; {
+		n, err := c.Read(ctx, h, buf, off)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, buf[:n]...)
+		off += int64(n)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("read back differs")
+	}
+	if _, err := c.Open(ctx, p, FlagWrite|FlagCreate|FlagExcl, Attrs{}); !IsStatus(err, StatusFailure) {
+		t.Errorf("O_EXCL on existing file: %v", err)
+	}
+}
+
+func TestNamespaceOps(t *testing.T) {
+	c, dir := serve(t)
+	ctx := context.Background()
+	if err := c.Mkdir(ctx, dir+"/d", Attrs{Flags: AttrPermissions, Mode: 0o700}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.Stat(dir + "/d"); st.Mode().Perm() != 0o700 {
+		t.Errorf("mkdir mode: %v", st.Mode())
+	}
+	os.WriteFile(dir+"/d/a", []byte("a"), 0o644) //nolint:errcheck
+	os.WriteFile(dir+"/d/b", []byte("b"), 0o644) //nolint:errcheck
+	if err := c.Symlink(ctx, "a", dir+"/d/link"); err != nil {
+		t.Fatal(err)
+	}
+	if target, err := c.Readlink(ctx, dir+"/d/link"); err != nil || target != "a" {
+		t.Errorf("readlink: %q %v (symlink argument order wrong?)", target, err)
+	}
+	if err := c.Hardlink(ctx, dir+"/d/a", dir+"/d/hard"); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := c.ReadDir(ctx, dir+"/d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nlink := map[string]uint32{}
+	for _, e := range ents {
+		nlink[e.Name] = e.Nlink
+	}
+	if nlink["a"] != 2 || nlink["hard"] != 2 || nlink["b"] != 1 {
+		t.Errorf("link counts from long names: %v", nlink)
+	}
+	if err := c.Rename(ctx, dir+"/d/a", dir+"/d/b"); !IsStatus(err, StatusFailure) {
+		t.Errorf("plain rename onto an existing file must fail, got %v", err)
+	}
+	if err := c.PosixRename(ctx, dir+"/d/a", dir+"/d/b"); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(dir + "/d/b"); string(b) != "a" {
+		t.Error("posix-rename did not replace")
+	}
+	old := time.Unix(1_000_000_000, 0)
+	if err := c.Lsetstat(ctx, dir+"/d/link", Attrs{Flags: AttrACModTime, Atime: uint32(old.Unix()), Mtime: uint32(old.Unix())}); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Lstat(dir + "/d/link"); !fi.ModTime().Equal(old) {
+		t.Errorf("lsetstat changed %v, not the link", fi.ModTime())
+	}
+	if err := c.Rmdir(ctx, dir+"/d"); !IsStatus(err, StatusFailure) {
+		t.Errorf("rmdir of non-empty dir: %v", err)
+	}
+	if _, err := c.Lstat(ctx, dir+"/none"); !IsStatus(err, StatusNoSuchFile) {
+		t.Errorf("lstat of missing: %v", err)
+	}
+	if st, err := c.Statvfs(ctx, dir); err != nil || st.Blocks == 0 {
+		t.Errorf("statvfs: %+v %v", st, err)
+	}
+	if err := c.Remove(ctx, dir+"/d/link"); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestConcurrentRequests(t *testing.T) {
+	c, dir := serve(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for i := 0; i < 64; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := c.Lstat(ctx, dir); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if c.InFlight() != 0 {
+		t.Errorf("in flight after all answered: %d", c.InFlight())
+	}
+}
+
+func TestContextAndClose(t *testing.T) {
+	c, dir := serve(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := c.Lstat(ctx, dir); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled context: %v", err)
+	}
+	c.Close()
+	if _, err := c.Lstat(context.Background(), dir); !errors.Is(err, ErrClosed) {
+		t.Errorf("after close: %v", err)
+	}
+}
+
+// fakeServer answers the handshake and then whatever reply() writes.
+func fakeServer(t *testing.T, reply func(w io.Writer, id uint32)) *Client {
+	t.Helper()
+	cr, sw := io.Pipe()
+	sr, cw := io.Pipe()
+	go func() {
+		hdr := make([]byte, 9)
+		io.ReadFull(sr, hdr) //nolint:errcheck // init
+		v := newPacket(fxpVersion, 3)
+		sw.Write(v.finish()) //nolint:errcheck
+		for {
+			var l [4]byte
+			if _, err := io.ReadFull(sr, l[:]); err != nil {
+				return
+			}
+			body := make([]byte, binary.BigEndian.Uint32(l[:]))
+			if _, err := io.ReadFull(sr, body); err != nil {
+				return
+			}
+			reply(sw, binary.BigEndian.Uint32(body[1:5]))
+		}
+	}()
+	c, err := NewClient(context.Background(), cr, cw, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); sw.Close(); sr.Close() })
+	return c
+}
+
+func TestMalformedReplies(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	t.Run("huge packet", func(t *testing.T) {
+		c := fakeServer(t, func(w io.Writer, id uint32) {
+			w.Write([]byte{0xff, 0xff, 0xff, 0xff, fxpAttrs}) //nolint:errcheck
+		})
+		if _, err := c.Lstat(ctx, "/x"); !errors.Is(err, ErrClosed) {
+			t.Errorf("got %v, want the connection closed", err)
+		}
+	})
+	t.Run("truncated attrs", func(t *testing.T) {
+		c := fakeServer(t, func(w io.Writer, id uint32) {
+			b := newPacket(fxpAttrs, id)
+			b.u32(AttrSize | AttrUIDGID) // announces fields it does not send
+			w.Write(b.finish())          //nolint:errcheck
+		})
+		if _, err := c.Lstat(ctx, "/x"); !errors.Is(err, errShort) {
+			t.Errorf("got %v, want a malformed-packet error", err)
+		}
+	})
+	t.Run("lying name count", func(t *testing.T) {
+		c := fakeServer(t, func(w io.Writer, id uint32) {
+			b := newPacket(fxpName, id)
+			b.u32(1 << 30)
+			w.Write(b.finish()) //nolint:errcheck
+		})
+		if _, err := c.Readlink(ctx, "/x"); err == nil {
+			t.Error("accepted a NAME reply claiming 2^30 entries")
+		}
+	})
+	t.Run("oversized read data", func(t *testing.T) {
+		c := fakeServer(t, func(w io.Writer, id uint32) {
+			b := newPacket(fxpData, id)
+			b.bytes(make([]byte, 100))
+			w.Write(b.finish()) //nolint:errcheck
+		})
+		if _, err := c.Read(ctx, "h", make([]byte, 10), 0); err == nil {
+			t.Error("accepted more data than asked for")
+		}
+	})
+	t.Run("server exits", func(t *testing.T) {
+		c := fakeServer(t, func(w io.Writer, id uint32) {
+			w.(*io.PipeWriter).Close()
+		})
+		if _, err := c.Lstat(ctx, "/x"); !errors.Is(err, ErrClosed) {
+			t.Errorf("got %v", err)
+		}
+	})
+	t.Run("absurd size", func(t *testing.T) {
+		c := fakeServer(t, func(w io.Writer, id uint32) {
+			b := newPacket(fxpAttrs, id)
+			b.attrs(&Attrs{Flags: AttrSize, Size: 1 << 63})
+			w.Write(b.finish()) //nolint:errcheck
+		})
+		a, err := c.Lstat(ctx, "/x")
+		if err != nil || a.Flags&AttrSize != 0 {
+			t.Errorf("a size beyond int64 must be dropped: %+v %v", a, err)
+		}
+	})
+}
+
+func FuzzParseNames(f *testing.F) {
+	b := &buffer{}
+	b.u32(1)
+	b.str("name")
+	b.str("-rw-r--r--    2 u g 1 Jan 1 00:00 name")
+	b.attrs(&Attrs{Flags: AttrSize | AttrPermissions, Size: 5, Mode: syscall.S_IFREG | 0o644})
+	f.Add(b.b)
+	f.Add([]byte{0, 0, 0, 1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		names, err := parseNames(data)
+		if err == nil && len(names)*12 > len(data) {
+			t.Errorf("%d names from %d bytes", len(names), len(data))
+		}
+	})
+}
+
+func FuzzAttrs(f *testing.F) {
+	b := &buffer{}
+	b.attrs(&Attrs{Flags: AttrSize | AttrUIDGID | AttrPermissions | AttrACModTime, Size: 1, Mode: 0o644})
+	f.Add(b.b)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := &reader{b: data}
+		a := r.attrs()
+		if r.err == nil && a.Size > 1<<63-1 {
+			t.Error("size beyond int64 accepted")
+		}
+	})
+}
