@@ -1,0 +1,36 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/muxfs/muxfs/internal/config"
+)
+
+func TestUnescapeMountinfo(t *testing.T) {
+	for in, want := range map[string]string{`/a\040b`: "/a b", `/tab\011x`: "/tab\tx", `/plain`: "/plain", `/bad\9`: `/bad\9`} {
+		if got := unescapeMountinfo(in); got != want {
+			t.Errorf("%q: got %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestBuildConfig(t *testing.T) {
+	cfg, err := buildConfig(mountFlags{options: []string{"max_conns=2", "ro"}, port: 2222, debug: true},
+		[]string{"h1:/a", "u@h2:b", "/mnt/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := cfg.Options
+	if cfg.Mountpoint != "/mnt/x" || o.MaxConns != 2 || !o.ReadOnly || o.Port != 2222 || !o.Foreground {
+		t.Errorf("config: %+v", cfg)
+	}
+	if len(cfg.Mounts) != 1 || len(cfg.Mounts[0].Sources) != 2 || cfg.Mounts[0].Policy != config.PolicyEPFF {
+		t.Errorf("mounts: %+v", cfg.Mounts)
+	}
+	if got := fsName(cfg); got != "h1:/a+1" {
+		t.Errorf("fsname: %q", got)
+	}
+	if _, err := buildConfig(mountFlags{}, []string{"/mnt/x"}); err == nil {
+		t.Error("no sources accepted")
+	}
+}
