@@ -138,6 +138,23 @@ func TestDataIntegrity(t *testing.T) {
 		if st.ModTime().Unix() != 981173106 {
 			t.Errorf("utimens: server mtime %v", st.ModTime())
 		}
+		// UTIME_OMIT: touch -m changes mtime only; atime stays.
+		run(t, "touch -a -d '2002-01-01 00:00:00 UTC' "+p+" && touch -m -d '2003-01-01 00:00:00 UTC' "+p)
+		var ss syscall.Stat_t
+		if err := syscall.Stat(e.data[0]+"/log.txt", &ss); err != nil {
+			t.Fatal(err)
+		}
+		if ss.Atim.Sec != 1009843200 || ss.Mtim.Sec != 1041379200 {
+			t.Errorf("touch -a then -m: server atime %d mtime %d", ss.Atim.Sec, ss.Mtim.Sec)
+		}
+		if os.Geteuid() == 0 {
+			if err := os.Lchown(p, 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Stat(e.data[0]+"/log.txt", &ss); err != nil || ss.Uid != 65534 || ss.Gid != 65534 {
+				t.Errorf("chown: server has %d:%d (%v)", ss.Uid, ss.Gid, err)
+			}
+		}
 		if err := os.WriteFile(mp+"/script.sh", []byte("#!/bin/sh\necho ran\n"), 0o755); err != nil {
 			t.Fatal(err)
 		}

@@ -97,6 +97,17 @@ func TestUnionMergeShadowDedup(t *testing.T) {
 	if ino(mp+"/a.txt") != first || first == ino(mp+"/b.txt") {
 		t.Error("inode numbers are not stable and distinct")
 	}
+	// statfs of a union is the sum of its members (here three on one disk).
+	var mst, lst syscall.Statfs_t
+	if err := syscall.Statfs(mp, &mst); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Statfs(e.data[0], &lst); err != nil {
+		t.Fatal(err)
+	}
+	if total, want := mst.Blocks*uint64(mst.Bsize), 3*lst.Blocks*uint64(lst.Bsize); total < want*99/100 || total > want*101/100 {
+		t.Errorf("union capacity %d bytes, want about %d (3 members)", total, want)
+	}
 	// Removing a name removes every copy, so no shadowed copy reappears.
 	if err := os.Remove(mp + "/only12.txt"); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -127,3 +128,45 @@ func TestSFTPBackendBasics(t *testing.T) {
 		t.Error("unlink symlink failed")
 	}
 }
+
+// TestFallbacksWithoutExtensions: servers without the OpenSSH extensions still get
+// rename(2) semantics, and clear errnos where nothing can stand in.
+func TestFallbacksWithoutExtensions(t *testing.T) {
+	s, dir := newTestSFTP(t)
+	s.posixRename, s.hardlink, s.lsetstat, s.statvfs = false, false, false, false
+	ctx := context.Background()
+	os.WriteFile(dir+"/a", []byte("a"), 0o644)      //nolint:errcheck
+	os.WriteFile(dir+"/b", []byte("b"), 0o644)      //nolint:errcheck
+	os.MkdirAll(dir+"/d1", 0o755)                   //nolint:errcheck
+	os.MkdirAll(dir+"/d2", 0o755)                   //nolint:errcheck
+	os.MkdirAll(dir+"/full", 0o755)                 //nolint:errcheck
+	os.WriteFile(dir+"/full/x", []byte("x"), 0o644) //nolint:errcheck
+	if err := s.Rename(ctx, "a", "b"); err != nil {
+		t.Fatalf("rename onto a file without posix-rename: %v", err)
+	}
+	if b, _ := os.ReadFile(dir + "/b"); string(b) != "a" || exists(dir+"/a") {
+		t.Error("the target was not replaced")
+	}
+	if err := s.Rename(ctx, "d1", "d2"); err != nil {
+		t.Fatalf("rename onto an empty directory: %v", err)
+	}
+	wantErrno(t, "rename onto a non-empty directory", s.Rename(ctx, "d2", "full"), syscall.ENOTEMPTY)
+	if !exists(dir+"/d2") || !exists(dir+"/full/x") {
+		t.Error("a refused rename must leave both sides as they were")
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if strings.Contains(e.Name(), "muxfs-rename") {
+			t.Errorf("temporary name left behind: %s", e.Name())
+		}
+	}
+	wantErrno(t, "link without hardlink@openssh.com", s.Link(ctx, "b", "c"), syscall.EPERM)
+	os.Symlink("b", dir+"/sl") //nolint:errcheck
+	now := time.Now()
+	wantErrno(t, "utimens on a symlink without lsetstat", s.SetAttr(ctx, "sl", SetAttr{Valid: SetTimes, Atime: now, Mtime: now}), syscall.EOPNOTSUPP)
+	if st, err := s.Statfs(ctx, ""); err != nil || st.Bavail == 0 {
+		t.Errorf("statfs without statvfs@openssh.com: %+v %v", st, err)
+	}
+}
+
+func exists(p string) bool { _, err := os.Lstat(p); return err == nil }
