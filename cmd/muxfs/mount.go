@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -383,6 +384,14 @@ func serve(cfg *config.Config, onReady func(mp string) error) error {
 			return exitError{1}
 		}
 		return err
+	}
+	if file := os.Getenv("MUXFS_CPUPROFILE"); file != "" {
+		// For performance work (docs/benchmarks.md): a CPU profile of the whole mount.
+		if f, err := os.Create(file); err == nil {
+			if err := pprof.StartCPUProfile(f); err == nil {
+				defer pprof.StopCPUProfile()
+			}
+		}
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer cancel()

@@ -95,10 +95,18 @@ type Backend interface {
 }
 
 // File is an open file of a Backend.
+//
+// Writes may be sent behind the caller's back (write-behind): a write's failure is
+// returned by a later WriteAt, Flush, Sync or Close, never lost. Stat, SetAttr, Sync
+// and Close flush first, so they see and report every earlier write.
 type File interface {
 	ReadAt(ctx context.Context, p []byte, off int64) (int, error)
 	WriteAt(ctx context.Context, p []byte, off int64) (int, error)
+	// Flush returns once every write is acknowledged, with the first failure.
+	Flush(ctx context.Context) error
 	Stat(ctx context.Context) (Attr, error)
+	// OpenedAttr is the file's attributes as they were just after opening.
+	OpenedAttr() Attr
 	SetAttr(ctx context.Context, s SetAttr) error
 	Sync(ctx context.Context) error
 	Close(ctx context.Context) error

@@ -165,7 +165,12 @@ func (l *Local) Open(_ context.Context, p string, flags int, mode uint32) (File,
 			return nil, l.wrap("open", p, err)
 		}
 	}
-	return &localFile{f: f, l: l, path: p, appendOnly: flags&os.O_APPEND != 0}, nil
+	lf := &localFile{f: f, l: l, path: p, appendOnly: flags&os.O_APPEND != 0}
+	if lf.opened, err = lf.Stat(context.Background()); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return lf, nil
 }
 
 func (l *Local) Statfs(_ context.Context, p string) (Statfs, error) {
@@ -186,7 +191,12 @@ type localFile struct {
 	l          *Local
 	path       string
 	appendOnly bool
+	opened     Attr
 }
+
+func (f *localFile) Flush(context.Context) error { return nil }
+
+func (f *localFile) OpenedAttr() Attr { return f.opened }
 
 func (f *localFile) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
 	n, err := f.f.ReadAt(p, off)

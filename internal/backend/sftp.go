@@ -529,8 +529,9 @@ func (s *SFTP) Open(ctx context.Context, p string, flags int, mode uint32) (File
 		a = sftp.Attrs{Flags: sftp.AttrPermissions, Mode: mode & 07777}
 	}
 	h, at, err := c.OpenChecked(ctx, s.abs(p), openFlags(flags), a)
+	var fa sftp.Attrs
 	if err == nil {
-		err = s.checkOpened(ctx, c, h, at)
+		fa, err = s.checkOpened(ctx, c, h, at)
 	}
 	if err != nil {
 		return nil, s.fail(ctx, "open", p, err, func() syscall.Errno {
@@ -544,27 +545,29 @@ func (s *SFTP) Open(ctx context.Context, p string, flags int, mode uint32) (File
 			return syscall.EIO
 		})
 	}
-	return &sftpFile{s: s, c: c, h: h, path: p, readOnly: flags&(os.O_WRONLY|os.O_RDWR) == 0}, nil
+	f := &sftpFile{s: s, c: c, h: h, path: p, readOnly: flags&(os.O_WRONLY|os.O_RDWR) == 0, opened: attrFromSFTP(fa)}
+	f.ra.eofAt = -1
+	return f, nil
 }
 
 // checkOpened makes sure the handle is the file at the path, not what a symlink swapped
 // in just before the OPEN pointed to (SFTP v3 opens follow symlinks): the path must not
 // be a symlink after the open, and the open file must have its type, mode and owner.
-func (s *SFTP) checkOpened(ctx context.Context, c *sftp.Client, h string, at sftp.Attrs) error {
+func (s *SFTP) checkOpened(ctx context.Context, c *sftp.Client, h string, at sftp.Attrs) (sftp.Attrs, error) {
 	if at.Mode&syscall.S_IFMT == syscall.S_IFLNK {
 		c.CloseAsync(h)
-		return syscall.ELOOP
+		return sftp.Attrs{}, syscall.ELOOP
 	}
 	fa, err := c.Fstat(ctx, h)
 	if err != nil {
 		c.CloseAsync(h)
-		return err
+		return sftp.Attrs{}, err
 	}
 	if fa.Mode != at.Mode || fa.UID != at.UID || fa.GID != at.GID {
 		c.CloseAsync(h)
-		return syscall.ELOOP
+		return sftp.Attrs{}, syscall.ELOOP
 	}
-	return nil
+	return fa, nil
 }
 
 func (s *SFTP) Statfs(ctx context.Context, p string) (Statfs, error) {
@@ -597,10 +600,15 @@ type sftpFile struct {
 	h        string
 	path     string
 	readOnly bool
+	opened   Attr // the file's attributes just after it was opened
+
+	wb writeBehind
+	ra readAhead
 }
 
-// ReadAt reads len(p) bytes at off as one pipelined burst of MaxRead-sized requests.
-func (f *sftpFile) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+// readDirect reads len(p) bytes at off as one pipelined burst of MaxRead-sized
+// requests.
+func (f *sftpFile) readDirect(ctx context.Context, p []byte, off int64) (int, error) {
 	step := f.c.MaxRead
 	var reqs []*sftp.PendingRead
 	var startErr error
@@ -645,10 +653,10 @@ func (f *sftpFile) ReadAt(ctx context.Context, p []byte, off int64) (int, error)
 	if firstErr == nil {
 		firstErr = startErr
 	}
-	if firstErr != nil && total == 0 {
-		return 0, f.s.fail(ctx, "read", f.path, firstErr, nil)
+	if total > 0 {
+		return total, nil
 	}
-	return total, nil
+	return 0, firstErr
 }
 
 func (f *sftpFile) readFull(ctx context.Context, p []byte, off int64) (int, error) {
@@ -666,36 +674,40 @@ func (f *sftpFile) readFull(ctx context.Context, p []byte, off int64) (int, erro
 	return total, nil
 }
 
-// WriteAt writes p at off as a pipelined burst and returns once the server has
-// acknowledged every part, so a successful return means the data is on the server.
+// WriteAt sends p at off and returns without waiting for the server (write-behind, in
+// a bounded window). A failure is returned by a later write, Flush, Sync or Close.
 func (f *sftpFile) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if err := f.wb.failed(); err != nil {
+		return 0, f.s.fail(ctx, "write", f.path, f.wb.flush(ctx), nil)
+	}
+	f.ra.reset()
 	step := f.c.MaxWrite
-	var reqs []*sftp.PendingWrite
-	var firstErr error
 	for o := 0; o < len(p); o += step {
-		w, err := f.c.StartWrite(f.h, p[o:min(len(p), o+step)], off+int64(o))
+		chunk := p[o:min(len(p), o+step)]
+		w, err := f.c.StartWrite(f.h, chunk, off+int64(o))
+		if err == nil {
+			err = f.wb.add(ctx, w, len(chunk))
+		}
 		if err != nil {
-			firstErr = err
-			break
-		}
-		reqs = append(reqs, w)
-	}
-	written := 0
-	for i, w := range reqs {
-		if err := w.Wait(ctx); err != nil && firstErr == nil {
-			firstErr = err
-		}
-		if firstErr == nil {
-			written = min(len(p), (i+1)*step)
+			f.wb.flush(ctx) //nolint:errcheck // err is the one to report
+			return 0, f.s.fail(ctx, "write", f.path, err, nil)
 		}
 	}
-	if firstErr != nil {
-		return written, f.s.fail(ctx, "write", f.path, firstErr, nil)
-	}
-	return written, nil
+	return len(p), nil
 }
 
+// Flush waits until the server has acknowledged every write, and reports the first
+// that failed.
+func (f *sftpFile) Flush(ctx context.Context) error {
+	return f.s.fail(ctx, "write", f.path, f.wb.flush(ctx), nil)
+}
+
+func (f *sftpFile) OpenedAttr() Attr { return f.opened }
+
 func (f *sftpFile) Stat(ctx context.Context) (Attr, error) {
+	if err := f.Flush(ctx); err != nil {
+		return Attr{}, err
+	}
 	a, err := f.c.Fstat(ctx, f.h)
 	if err != nil {
 		return Attr{}, f.s.fail(ctx, "fstat", f.path, err, nil)
@@ -704,11 +716,18 @@ func (f *sftpFile) Stat(ctx context.Context) (Attr, error) {
 }
 
 func (f *sftpFile) SetAttr(ctx context.Context, set SetAttr) error {
+	f.ra.reset()
+	if err := f.Flush(ctx); err != nil {
+		return err
+	}
 	err := f.c.Fsetstat(ctx, f.h, toSFTPAttrs(set))
 	return setattrErrno(f.s.fail(ctx, "fsetstat", f.path, err, nil))
 }
 
 func (f *sftpFile) Sync(ctx context.Context) error {
+	if err := f.Flush(ctx); err != nil {
+		return err
+	}
 	if !f.s.fsync {
 		// Every write has been acknowledged already; without fsync@openssh.com that
 		// is as durable as the server lets us make it.
@@ -718,9 +737,15 @@ func (f *sftpFile) Sync(ctx context.Context) error {
 }
 
 func (f *sftpFile) Close(ctx context.Context) error {
+	f.ra.reset()
 	if f.readOnly {
 		f.c.CloseAsync(f.h)
 		return nil
 	}
-	return f.s.fail(ctx, "close", f.path, f.c.CloseHandle(ctx, f.h), nil)
+	werr := f.Flush(ctx)
+	cerr := f.s.fail(ctx, "close", f.path, f.c.CloseHandle(ctx, f.h), nil)
+	if werr != nil {
+		return werr
+	}
+	return cerr
 }

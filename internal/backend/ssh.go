@@ -8,11 +8,13 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 
+	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 	"time"
 
@@ -150,6 +152,13 @@ func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog
 	if err != nil {
 		return nil, err
 	}
+	// A pipe holds 64 KiB by default: less than one 255 KiB SFTP packet, so every
+	// write would wait for ssh to drain it. 1 MiB lets a burst go through at once.
+	for _, p := range []any{stdin, stdout} {
+		if f, ok := p.(interface{ Fd() uintptr }); ok {
+			unix.FcntlInt(f.Fd(), unix.F_SETPIPE_SZ, 1<<20) //nolint:errcheck // a smaller pipe still works
+		}
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, &ConnectError{Endpoint: ep.String(), Cause: fmt.Errorf("starting %s: %w", argv[0], err)}
 	}
@@ -255,9 +264,53 @@ type Pool struct {
 	dialMu sync.Mutex // one synchronous redial at a time
 }
 
+// preferredCipher is put first in ssh's cipher list when the user has not chosen
+// ciphers: AES-GCM runs on the CPU's AES instructions and moved 1.4× the bytes of
+// ssh's default (chacha20-poly1305) through one stream on this project's test machine.
+// The "^" form keeps the rest of the default list, so a server without it still works.
+const preferredCipher = "aes128-gcm@openssh.com"
+
+// userChoseCiphers reports whether ciphers are set in the -o options or in the ssh
+// configuration (ssh -G shows the effective list; compared with the list ssh uses with
+// no configuration at all).
+func userChoseCiphers(ep *Endpoint) bool {
+	for _, o := range ep.SSHOptions {
+		if name, _, _ := strings.Cut(o, "="); strings.EqualFold(name, "ciphers") {
+			return true
+		}
+	}
+	if len(ep.SSHCommand) > 0 && filepath.Base(ep.SSHCommand[0]) != "ssh" {
+		return true // another program: do not guess its options
+	}
+	effective := func(configFile string) string {
+		args := []string{"-G"}
+		if configFile != "" {
+			args = append(args, "-F", configFile)
+		}
+		for _, o := range ep.SSHOptions {
+			args = append(args, "-o"+o)
+		}
+		out, err := exec.Command(findProgram("ssh"), append(args, "--", ep.Host)...).Output()
+		if err != nil {
+			return ""
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if v, ok := strings.CutPrefix(line, "ciphers "); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	mine := effective(ep.ConfigFile)
+	return mine == "" || mine != effective("/dev/null")
+}
+
 // Dial opens the first session (interactive if stdin is a terminal) and returns the
 // pool. A failure here is the user's one-line error.
 func Dial(ctx context.Context, ep *Endpoint, log *slog.Logger) (*Pool, error) {
+	if !userChoseCiphers(ep) {
+		ep.SSHOptions = append(ep.SSHOptions, "Ciphers=^"+preferredCipher)
+	}
 	s, err := startSession(ctx, ep, term.IsTerminal(int(os.Stdin.Fd())), log)
 	if err != nil {
 		return nil, err

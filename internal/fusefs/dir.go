@@ -258,7 +258,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, n.fsys.toErrno(err)
 	}
 	inode := n.newEntry(ctx, name, vp, l, rel, idx, a, out)
-	return inode, &fileHandle{f: f, n: inode.Operations().(*node)}, 0, 0
+	return inode, inode.Operations().(*node).addHandle(f, openFlags(flags)|os.O_WRONLY), 0, 0
 }
 
 var _ = (fs.NodeSymlinker)((*node)(nil))

@@ -39,18 +39,72 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	if writes(fl) && b.ReadOnly {
 		return nil, 0, syscall.EROFS
 	}
+	// Another handle's writes may still be in flight on another session: a new
+	// opener must see them (close-to-open within the mount).
+	if errno := n.flushWriters(ctx); errno != 0 {
+		return nil, 0, errno
+	}
 	f, err := b.Backend.Open(ctx, rel, fl, 0)
 	if err != nil {
 		return nil, 0, n.fsys.toErrno(err)
 	}
-	return &fileHandle{f: f, n: n}, 0, 0
+	h := n.addHandle(f, fl)
+	var fuseFlags uint32
+	if n.keepCache(f.OpenedAttr()) && fl&os.O_TRUNC == 0 {
+		fuseFlags |= fuse.FOPEN_KEEP_CACHE
+	}
+	return h, fuseFlags, 0
 }
 
-// fileHandle is an open file. Every write is acknowledged by the server before it
-// returns, so flush and close have nothing left to wait for.
+// keepCache reports whether the kernel's cached pages of this file are still valid —
+// its size and mtime at this open are those the cache was filled with — and records
+// the new ones. (Times are whole seconds in SFTP v3: a same-size change within the
+// second of the previous one goes unseen, as with NFS and sshfs' auto_cache.)
+func (n *node) keepCache(a backend.Attr) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	keep := n.cacheValid && n.cacheAttr.Size == a.Size && n.cacheAttr.Mtime.Equal(a.Mtime)
+	n.cacheAttr, n.cacheValid = a, true
+	return keep
+}
+
+// addHandle registers an open file with its node, so that other operations on the
+// node can wait for its writes.
+func (n *node) addHandle(f backend.File, flags int) *fileHandle {
+	h := &fileHandle{f: f, n: n, writable: writes(flags)}
+	if h.writable {
+		n.mu.Lock()
+		if n.writers == nil {
+			n.writers = map[*fileHandle]struct{}{}
+		}
+		n.writers[h] = struct{}{}
+		n.mu.Unlock()
+	}
+	return h
+}
+
+// flushWriters waits for the writes of every handle open for writing on this node.
+func (n *node) flushWriters(ctx context.Context) syscall.Errno {
+	n.mu.Lock()
+	hs := make([]*fileHandle, 0, len(n.writers))
+	for h := range n.writers {
+		hs = append(hs, h)
+	}
+	n.mu.Unlock()
+	for _, h := range hs {
+		if err := h.f.Flush(ctx); err != nil {
+			return n.fsys.toErrno(err)
+		}
+	}
+	return 0
+}
+
+// fileHandle is an open file. Writes go out behind the caller (in a bounded window);
+// flush (close(2)), fsync and release wait for all of them and report any failure.
 type fileHandle struct {
-	f backend.File
-	n *node
+	f        backend.File
+	n        *node
+	writable bool
 }
 
 var _ = (fs.FileReader)((*fileHandle)(nil))
@@ -77,9 +131,12 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 
 var _ = (fs.FileFlusher)((*fileHandle)(nil))
 
-// Flush is close(2): every write was acknowledged when it returned, so there is nothing
-// left to wait for and no late error to report.
-func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
+// Flush is close(2): it returns once the server has every byte written through this
+// handle, with the error of any write that failed (close-to-open consistency).
+func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
+	ctx = uninterruptible(ctx)
+	return h.n.fsys.toErrno(h.f.Flush(ctx))
+}
 
 var _ = (fs.FileFsyncer)((*fileHandle)(nil))
 
@@ -92,5 +149,17 @@ var _ = (fs.FileReleaser)((*fileHandle)(nil))
 
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	ctx = uninterruptible(ctx)
+	if h.writable {
+		// The kernel's pages hold what we wrote: record the file's new size and
+		// mtime so the next open keeps them.
+		if a, err := h.f.Stat(ctx); err == nil {
+			h.n.mu.Lock()
+			h.n.cacheAttr, h.n.cacheValid = a, true
+			h.n.mu.Unlock()
+		}
+		h.n.mu.Lock()
+		delete(h.n.writers, h)
+		h.n.mu.Unlock()
+	}
 	return h.n.fsys.toErrno(h.f.Close(ctx))
 }

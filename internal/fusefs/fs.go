@@ -78,8 +78,10 @@ func (f *FS) Mount(mountpoint string, o Options) (*fuse.Server, error) {
 			FsName:     o.FsName,
 			Name:       "muxfs",
 			Options:    fuseOpts,
-			// 1 MiB requests: fewer round trips through the kernel for big I/O.
-			MaxWrite: 1 << 20,
+			// 1 MiB requests: fewer round trips through the kernel for big I/O, and a
+			// kernel read-ahead to match, so sequential reads arrive in large pieces.
+			MaxWrite:     1 << 20,
+			MaxReadAhead: 1 << 20,
 			// With splice on, go-fuse 2.12 logs a line for every 1 MiB read.
 			DisableSplice: true,
 			// Enough queued requests for a parallel build or a pipelined read.

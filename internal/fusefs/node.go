@@ -22,6 +22,12 @@ type node struct {
 	branch int   // the winning branch's index in the layer; -1: made by the mount table
 	dirs   []int // for a directory: the branches whose directories are merged here
 	nlink  uint32
+
+	// For a file: the size and mtime the kernel's page cache was filled with, and the
+	// handles open for writing (their writes may still be in flight).
+	cacheAttr  backend.Attr
+	cacheValid bool
+	writers    map[*fileHandle]struct{}
 }
 
 // state is a consistent copy of the node's resolution.
@@ -122,6 +128,11 @@ var _ = (fs.NodeGetattrer)((*node)(nil))
 func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	ctx = uninterruptible(ctx)
 	ino := n.StableAttr().Ino
+	// Attributes must include writes still in flight, or the kernel would shrink the
+	// file it has just grown.
+	if errno := n.flushWriters(ctx); errno != 0 {
+		return errno
+	}
 	if h, ok := fh.(*fileHandle); ok {
 		a, err := h.f.Stat(ctx)
 		if err != nil {
@@ -217,6 +228,9 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	if aok || mok {
 		set.Valid |= backend.SetTimes
 		set.Atime, set.Mtime = atime, mtime
+	}
+	if errno := n.flushWriters(ctx); errno != 0 {
+		return errno
 	}
 	if set.Valid != 0 {
 		var err error

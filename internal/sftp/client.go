@@ -42,6 +42,7 @@ type Client struct {
 type response struct {
 	typ  byte
 	data []byte // payload after the request id
+	full []byte // the whole payload buffer, for recycling
 }
 
 // NewClient runs the SFTP version handshake over r/w (the stdout/stdin of `ssh -s
@@ -126,11 +127,32 @@ func readPacket(r *bufio.Reader) (byte, []byte, error) {
 	if n < 1 || n > maxPacket {
 		return 0, nil, fmt.Errorf("sftp: server sent a packet of %d bytes (limit %d)", n, maxPacket)
 	}
-	payload := make([]byte, n-1)
+	payload := getBuf(int(n - 1))
 	if _, err := io.ReadFull(r, payload); err != nil {
 		return 0, nil, err
 	}
 	return hdr[4], payload, nil
+}
+
+// bigBufs recycles the buffers of data-carrying packets (READ replies and WRITE
+// requests, up to ~256 KiB each): allocating one per request made the garbage
+// collector a visible share of muxfs' CPU time in streaming benchmarks.
+var bigBufs = sync.Pool{New: func() any { b := make([]byte, 0, bigBuf); return &b }}
+
+const bigBuf = 264 << 10
+
+func getBuf(n int) []byte {
+	if n < 16<<10 || n > bigBuf {
+		return make([]byte, n)
+	}
+	return (*bigBufs.Get().(*[]byte))[:n]
+}
+
+func putBuf(b []byte) {
+	if cap(b) == bigBuf {
+		b = b[:0]
+		bigBufs.Put(&b)
+	}
 }
 
 func (c *Client) readLoop(r *bufio.Reader) {
@@ -154,7 +176,7 @@ func (c *Client) readLoop(r *bufio.Reader) {
 		c.mu.Unlock()
 		if ok {
 			// Buffered with room for one: never blocks, even when the caller gave up.
-			ch <- response{typ: typ, data: payload[4:]}
+			ch <- response{typ: typ, data: payload[4:], full: payload}
 		}
 	}
 }
@@ -521,6 +543,7 @@ func (pr *PendingRead) Wait(ctx context.Context, p []byte) (int, error) {
 		}
 		return 0, err
 	}
+	defer putBuf(r.full)
 	rd := &reader{b: r.data}
 	data := rd.bytes()
 	if rd.err != nil {
@@ -540,10 +563,15 @@ func (c *Client) StartWrite(handle string, p []byte, off int64) (*PendingWrite, 
 	if len(p) > c.MaxWrite {
 		return nil, fmt.Errorf("sftp write: %d bytes exceed the server's limit of %d", len(p), c.MaxWrite)
 	}
-	b, id := c.pathRequest(fxpWrite, handle)
+	id := c.nextI.Add(1)
+	b := &buffer{b: getBuf(4 + 1 + 4 + 4 + len(handle) + 8 + 4 + len(p))[:4]}
+	b.b = append(b.b, fxpWrite)
+	b.u32(id)
+	b.str(handle)
 	b.u64(uint64(off))
 	b.bytes(p)
 	k, err := c.start(b, id)
+	putBuf(b.b) // written to the connection (or failed): no longer needed
 	if err != nil {
 		return nil, err
 	}
