@@ -21,7 +21,9 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/muxfs/muxfs/internal/backend"
+	"github.com/muxfs/muxfs/internal/cache"
 	"github.com/muxfs/muxfs/internal/config"
+	"github.com/muxfs/muxfs/internal/control"
 	"github.com/muxfs/muxfs/internal/fusefs"
 	"github.com/muxfs/muxfs/internal/mux"
 )
@@ -284,10 +286,19 @@ func (m *mounted) close() {
 	}
 }
 
-// openBackends connects every source; on failure everything opened is closed again.
+// openBackends connects every source, behind the memory caches unless they are off; on
+// failure everything opened is closed again.
 func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger) (*mux.Table, *mounted, error) {
 	m := &mounted{}
 	pools := map[string]*backend.Pool{}
+	var meta *cache.Meta
+	var prefetch *cache.Prefetcher
+	if cfg.Options.Cache {
+		meta = cache.NewMeta(cfg.Options.CacheTimeout)
+		if cfg.Options.DirCache {
+			prefetch = cache.NewPrefetcher(8)
+		}
+	}
 	var layers []*mux.Layer
 	id := 0
 	for _, mt := range cfg.Mounts {
@@ -299,6 +310,9 @@ func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger) (*m
 				return nil, nil, err
 			}
 			m.backends = append(m.backends, b)
+			if meta != nil {
+				b = cache.Wrap(b, id, meta, prefetch)
+			}
 			layer.Branches = append(layer.Branches, &mux.Branch{ID: id, Backend: b,
 				ReadOnly: src.ReadOnly || cfg.Options.ReadOnly, NoCreate: src.NoCreate})
 			id++
@@ -401,20 +415,34 @@ func serve(cfg *config.Config, onReady func(mp string) error) error {
 	}
 	defer m.close()
 	fsys := fusefs.New(table, log)
+	entry, attr, negative := cfg.Options.KernelTimeouts()
 	server, err := fsys.Mount(cfg.Mountpoint, fusefs.Options{
 		FsName:             fsName(cfg),
 		AllowOther:         cfg.Options.AllowOther,
 		DefaultPermissions: cfg.Options.DefaultPermissions,
 		ReadOnly:           cfg.Options.ReadOnly,
 		Debug:              cfg.Options.Debug,
-		EntryTimeout:       cfg.Options.EntryTimeout,
-		AttrTimeout:        cfg.Options.AttrTimeout,
-		NegativeTimeout:    cfg.Options.NegativeTimeout,
+		EntryTimeout:       entry,
+		AttrTimeout:        attr,
+		NegativeTimeout:    negative,
 	})
 	if err != nil {
 		return fail(mountError(cfg.Mountpoint, err))
 	}
 	m.server = server
+	stopControl, err := control.Serve(cfg.Mountpoint, func(req control.Request) error {
+		switch req.Op {
+		case "refresh":
+			log.Info("refresh", "path", req.Path)
+			return fsys.Refresh(req.Path)
+		}
+		return fmt.Errorf("unknown request %q", req.Op)
+	})
+	if err != nil {
+		log.Warn("no control socket: muxfs refresh will not reach this mount", "err", err)
+	} else {
+		defer stopControl()
+	}
 	log.Info("mounted", "mountpoint", cfg.Mountpoint, "sources", fsName(cfg))
 	if rep.background() {
 		rep.report(nil)

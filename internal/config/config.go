@@ -50,10 +50,36 @@ type Options struct {
 	SSHOptions []string
 	MaxConns   int
 
-	// Kernel cache timeouts.
+	// Memory caches (sshfs names): attributes, listings and missing names are kept
+	// for CacheTimeout; DirCache also lists subdirectories ahead of a walk.
+	Cache        bool
+	CacheTimeout time.Duration
+	DirCache     bool
+
+	// Kernel cache timeouts; negative means "the same as CacheTimeout" (or, with the
+	// caches off, libfuse's defaults of 1 s, 1 s and 0 s).
 	EntryTimeout    time.Duration
 	AttrTimeout     time.Duration
 	NegativeTimeout time.Duration
+}
+
+// KernelTimeouts resolves the kernel's entry, attribute and negative-entry timeouts.
+// With the caches on they follow cache_timeout, so that a warm tree is answered by the
+// kernel itself; changes made through the mount are seen at once either way, and
+// `muxfs refresh` drops everything for a subtree.
+func (o *Options) KernelTimeouts() (entry, attr, negative time.Duration) {
+	pick := func(v, cached, plain time.Duration) time.Duration {
+		switch {
+		case v >= 0:
+			return v
+		case o.Cache:
+			return cached
+		}
+		return plain
+	}
+	return pick(o.EntryTimeout, o.CacheTimeout, time.Second),
+		pick(o.AttrTimeout, o.CacheTimeout, time.Second),
+		pick(o.NegativeTimeout, o.CacheTimeout, 0)
 }
 
 // Config is the whole mount: where, what, how.
@@ -67,9 +93,12 @@ type Config struct {
 func Defaults() Options {
 	return Options{
 		MaxConns:        4,
-		EntryTimeout:    time.Second,
-		AttrTimeout:     time.Second,
-		NegativeTimeout: 0,
+		Cache:           true,
+		CacheTimeout:    20 * time.Second, // sshfs' default
+		DirCache:        true,
+		EntryTimeout:    -1,
+		AttrTimeout:     -1,
+		NegativeTimeout: -1,
 	}
 }
 
@@ -213,6 +242,26 @@ func (c *Config) applyOption(key, val string, hasVal bool) error {
 			return fmt.Errorf("option -o max_conns=%s: want a number from 1 to 64", val)
 		}
 		o.MaxConns = n
+	case "cache":
+		switch val {
+		case "yes":
+			o.Cache = true
+		case "no":
+			o.Cache = false
+		default:
+			return fmt.Errorf("option -o cache=%s: want yes or no", val)
+		}
+	case "dir_cache":
+		switch val {
+		case "yes":
+			o.DirCache = true
+		case "no":
+			o.DirCache = false
+		default:
+			return fmt.Errorf("option -o dir_cache=%s: want yes or no", val)
+		}
+	case "cache_timeout":
+		return seconds(&o.CacheTimeout)
 	case "entry_timeout":
 		return seconds(&o.EntryTimeout)
 	case "attr_timeout":

@@ -324,11 +324,9 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	}
 	tn.mu.Lock()
 	tn.nlink = max(tn.nlink+1, 2)
-	nlink := tn.nlink
 	tn.mu.Unlock()
-	ino := tn.StableAttr().Ino
-	n.fsys.inodes.alias(b.ID, rel, ino)
-	fillAttr(&out.Attr, a, ino, nlink)
+	n.fsys.inodes.alias(b.ID, rel, tn.StableAttr().Ino)
+	tn.report(&out.Attr, a)
 	return tn.EmbeddedInode(), 0
 }
 

@@ -56,16 +56,24 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	return h, fuseFlags, 0
 }
 
-// keepCache reports whether the kernel's cached pages of this file are still valid —
-// its size and mtime at this open are those the cache was filled with — and records
-// the new ones. (Times are whole seconds in SFTP v3: a same-size change within the
-// second of the previous one goes unseen, as with NFS and sshfs' auto_cache.)
+// keepCache compares the file as the server has it now (just opened) with what the
+// kernel was last told. Unchanged: the kernel's pages stay valid (KEEP_CACHE).
+// Changed behind our back: the kernel's attributes and pages are dropped here, before
+// the open returns, so the opener reads the new content at its new size
+// (close-to-open, as NFS does). Notifying inside OPEN is safe: the kernel holds no lock
+// that the notification needs (libfuse lists the operations where it is not).
+// SFTP v3 times are whole seconds: a same-size change within the second of the last
+// one goes unseen, as with NFS and sshfs' auto_cache.
 func (n *node) keepCache(a backend.Attr) bool {
 	n.mu.Lock()
-	defer n.mu.Unlock()
-	keep := n.cacheValid && n.cacheAttr.Size == a.Size && n.cacheAttr.Mtime.Equal(a.Mtime)
-	n.cacheAttr, n.cacheValid = a, true
-	return keep
+	known := n.seenValid
+	changed := known && (n.seen.Size != a.Size || !n.seen.Mtime.Equal(a.Mtime))
+	n.seen, n.seenValid = a, true
+	n.mu.Unlock()
+	if changed {
+		n.NotifyContent(0, 0)
+	}
+	return known && !changed
 }
 
 // addHandle registers an open file with its node, so that other operations on the
@@ -154,7 +162,7 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 		// mtime so the next open keeps them.
 		if a, err := h.f.Stat(ctx); err == nil {
 			h.n.mu.Lock()
-			h.n.cacheAttr, h.n.cacheValid = a, true
+			h.n.seen, h.n.seenValid = a, true
 			h.n.mu.Unlock()
 		}
 		h.n.mu.Lock()

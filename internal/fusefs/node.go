@@ -23,11 +23,23 @@ type node struct {
 	dirs   []int // for a directory: the branches whose directories are merged here
 	nlink  uint32
 
-	// For a file: the size and mtime the kernel's page cache was filled with, and the
-	// handles open for writing (their writes may still be in flight).
-	cacheAttr  backend.Attr
-	cacheValid bool
-	writers    map[*fileHandle]struct{}
+	// For a file: the attributes the kernel was last given (its size, and its cached
+	// pages, match them), and the handles open for writing (their writes may still be
+	// in flight).
+	seen      backend.Attr
+	seenValid bool
+	writers   map[*fileHandle]struct{}
+}
+
+// report fills out for the kernel and remembers what the kernel now believes.
+func (n *node) report(out *fuse.Attr, a backend.Attr) {
+	n.mu.Lock()
+	nlink := n.nlink
+	if a.Type() == syscall.S_IFREG {
+		n.seen, n.seenValid = a, true
+	}
+	n.mu.Unlock()
+	fillAttr(out, a, n.StableAttr().Ino, nlink)
 }
 
 // state is a consistent copy of the node's resolution.
@@ -99,8 +111,7 @@ func (n *node) child(ctx context.Context, name, vp string, l *mux.Layer, rel str
 	if ch != fresh {
 		ch.setFound(found, synthetic)
 	}
-	_, _, nlink := ch.state()
-	fillAttr(&out.Attr, attr, ino, nlink)
+	ch.report(&out.Attr, attr)
 	return inode
 }
 
@@ -138,15 +149,14 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 		if err != nil {
 			return n.fsys.toErrno(err)
 		}
-		_, _, nlink := n.state()
-		fillAttr(&out.Attr, a, ino, nlink)
+		n.report(&out.Attr, a)
 		return 0
 	}
 	vp, l, rel, errno := n.where()
 	if errno != 0 {
 		return errno
 	}
-	branch, _, nlink := n.state()
+	branch, _, _ := n.state()
 	if branch < 0 || l == nil {
 		fillAttr(&out.Attr, n.fsys.syntheticAttr(), ino, 2)
 		return 0
@@ -164,7 +174,7 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	if err != nil {
 		return n.fsys.toErrno(err)
 	}
-	fillAttr(&out.Attr, a, ino, nlink)
+	n.report(&out.Attr, a)
 	return 0
 }
 

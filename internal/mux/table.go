@@ -111,6 +111,20 @@ func (t *Table) JunctionChildren(p string) []string {
 	return names
 }
 
+// Affected returns the layers holding something at or below vp, each with the path of
+// vp inside it ("" where vp contains the whole layer).
+func (t *Table) Affected(vp string) (layers []*Layer, rels []string) {
+	for _, l := range t.layers {
+		if _, ok := within(l.Path, vp); ok {
+			layers, rels = append(layers, l), append(rels, "")
+		}
+	}
+	if l, rel := t.Enclosing(vp); l != nil && rel != "" {
+		layers, rels = append(layers, l), append(rels, rel)
+	}
+	return layers, rels
+}
+
 // Found is the result of resolving a name in a layer.
 type Found struct {
 	Index int // index of the winning branch in the layer

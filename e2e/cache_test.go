@@ -1,0 +1,96 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMetadataCacheAndRefresh: listings and names are cached for cache_timeout; file
+// contents are checked at every open (close-to-open); `muxfs refresh` forgets a subtree
+// at once; -o cache=no shows every change immediately.
+func TestMetadataCacheAndRefresh(t *testing.T) {
+	e := newEnv(t, 1)
+	writeFile(t, e.data[0]+"/dir/f", "first version")
+	mp := e.mount(e.source(0, ""))
+
+	if got := strings.Join(names(t, mp+"/dir"), " "); got != "f" {
+		t.Fatalf("listing: %q", got)
+	}
+	if readString(t, mp+"/dir/f") != "first version" {
+		t.Fatal("first read")
+	}
+	// Changed on the server behind muxfs' back, to a different size: the next open
+	// must see it (close-to-open), although the names are cached.
+	writeFile(t, e.data[0]+"/dir/f", "second, longer version")
+	if got := readString(t, mp+"/dir/f"); got != "second, longer version" {
+		t.Errorf("after a change on the server, open+read gave %q", got)
+	}
+	// A new name on the server is not seen while the listing is cached...
+	writeFile(t, e.data[0]+"/dir/new", "n")
+	if got := strings.Join(names(t, mp+"/dir"), " "); got != "f" {
+		t.Fatalf("expected the cached listing, got %q", got)
+	}
+	// ...until refresh.
+	if out, err := exec.Command(muxfsBin, "refresh", mp+"/dir").CombinedOutput(); err != nil {
+		t.Fatalf("muxfs refresh: %v %s", err, out)
+	}
+	if got := strings.Join(names(t, mp+"/dir"), " "); got != "f new" {
+		t.Errorf("after refresh: %q", got)
+	}
+	if readString(t, mp+"/dir/new") != "n" {
+		t.Error("refreshed name unreadable")
+	}
+	// Changes made through the mount are seen at once, cache or not.
+	writeFile(t, mp+"/dir/mine", "m")
+	if got := strings.Join(names(t, mp+"/dir"), " "); got != "f mine new" {
+		t.Errorf("after a create through the mount: %q", got)
+	}
+	if out, err := exec.Command(muxfsBin, "refresh", "/").CombinedOutput(); err == nil || !strings.Contains(string(out), "not inside a muxfs mount") {
+		t.Errorf("refresh outside a mount: %v %s", err, out)
+	}
+
+	t.Run("cache=no", func(t *testing.T) {
+		mp := e.mount("-o", "cache=no", e.source(0, ""))
+		names(t, mp+"/dir")
+		writeFile(t, e.data[0]+"/dir/uncached", "u")
+		if got := strings.Join(names(t, mp+"/dir"), " "); !strings.Contains(got, "uncached") {
+			t.Errorf("with cache=no a new name must show at once: %q", got)
+		}
+	})
+
+	t.Run("cache_timeout", func(t *testing.T) {
+		mp := e.mount("-o", "cache_timeout=1", e.source(0, ""))
+		names(t, mp+"/dir")
+		writeFile(t, e.data[0]+"/dir/later", "l")
+		time.Sleep(1500 * time.Millisecond)
+		if got := strings.Join(names(t, mp+"/dir"), " "); !strings.Contains(got, "later") {
+			t.Errorf("after cache_timeout a new name must show: %q", got)
+		}
+	})
+}
+
+// TestWriteErrorReported: with write-behind, a write the server refuses (a full disk)
+// must still fail the writer: at a later write or at close, never silently.
+func TestWriteErrorReported(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs")
+	}
+	e := newEnv(t, 1)
+	small := e.data[0] + "/small"
+	os.MkdirAll(small, 0o755) //nolint:errcheck
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", small).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount tmpfs: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", small).Run() }) //nolint:errcheck
+	mp := e.mount(e.source(0, ""))
+	out, err := exec.Command("dd", "if=/dev/zero", "of="+mp+"/small/big", "bs=64k", "count=64").CombinedOutput()
+	if err == nil {
+		t.Fatalf("writing 4 MiB to a 1 MiB file system succeeded:\n%s", out)
+	}
+	if !strings.Contains(string(out), "No space left") {
+		t.Errorf("want ENOSPC, got:\n%s", out)
+	}
+}

@@ -1,0 +1,350 @@
+// Package cache keeps what muxfs has learnt from its sources so that it need not ask
+// again: attributes, directory listings and missing names, for a limited time.
+package cache
+
+import (
+	"context"
+	"path"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/muxfs/muxfs/internal/backend"
+)
+
+// Meta is the metadata cache of one mount, shared by its sources. Entries live for TTL;
+// changes made through muxfs drop the entries they affect at once.
+type Meta struct {
+	TTL time.Duration
+	// MaxEntries bounds memory (attributes plus listed names); beyond it the oldest
+	// half is dropped.
+	MaxEntries int
+
+	mu      sync.Mutex
+	attrs   map[key]attrEntry
+	dirs    map[key]*dirEntry
+	entries int // attrs plus listed names
+	// gens are bumped by every invalidation (hashed by path): an answer fetched while
+	// a change was made is not stored, as it may predate the change.
+	gens [256]uint64
+}
+
+func slot(source int, p string) int {
+	h := uint32(2166136261) ^ uint32(source)
+	for i := 0; i < len(p); i++ {
+		h = (h ^ uint32(p[i])) * 16777619
+	}
+	return int(h % 256)
+}
+
+// stamp is taken before asking a source; store only if it is still current.
+func (m *Meta) stamp(source int, p string) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.gens[slot(source, p)]
+}
+
+type key struct {
+	source int
+	path   string
+}
+
+type attrEntry struct {
+	attr    backend.Attr
+	missing bool // the name was looked up and does not exist
+	expires time.Time
+}
+
+type dirEntry struct {
+	list    []backend.Entry
+	byName  map[string]int
+	expires time.Time
+}
+
+// NewMeta returns an empty cache.
+func NewMeta(ttl time.Duration) *Meta {
+	return &Meta{TTL: ttl, MaxEntries: 500_000, attrs: map[key]attrEntry{}, dirs: map[key]*dirEntry{}}
+}
+
+func parentOf(p string) (dir, name string) {
+	if p == "" {
+		return "", ""
+	}
+	d, n := path.Split(p)
+	return strings.TrimSuffix(d, "/"), n
+}
+
+// lookup answers an lstat from the cache: the attributes, a known miss (found false,
+// ok true), or nothing (ok false). A fresh listing of the parent answers for every
+// name in it, and for every name not in it.
+func (m *Meta) lookup(source int, p string, now time.Time) (a backend.Attr, found, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e, hit := m.attrs[key{source, p}]; hit && now.Before(e.expires) {
+		return e.attr, !e.missing, true
+	}
+	if p == "" {
+		return backend.Attr{}, false, false
+	}
+	dir, name := parentOf(p)
+	if d, hit := m.dirs[key{source, dir}]; hit && now.Before(d.expires) {
+		if i, in := d.byName[name]; in {
+			return d.list[i].Attr, true, true
+		}
+		return backend.Attr{}, false, true
+	}
+	return backend.Attr{}, false, false
+}
+
+func (m *Meta) putAttr(source int, p string, a backend.Attr, missing bool, now time.Time, stamp uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gens[slot(source, p)] != stamp {
+		return
+	}
+	k := key{source, p}
+	if _, had := m.attrs[k]; !had {
+		m.entries++
+	}
+	m.attrs[k] = attrEntry{attr: a, missing: missing, expires: now.Add(m.TTL)}
+	m.trimLocked(now)
+}
+
+func (m *Meta) listing(source int, p string, now time.Time) ([]backend.Entry, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if d, hit := m.dirs[key{source, p}]; hit && now.Before(d.expires) {
+		return d.list, true
+	}
+	return nil, false
+}
+
+func (m *Meta) putListing(source int, p string, list []backend.Entry, now time.Time, stamp uint64) {
+	byName := make(map[string]int, len(list))
+	for i, e := range list {
+		byName[e.Name] = i
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gens[slot(source, p)] != stamp {
+		return
+	}
+	k := key{source, p}
+	if old, had := m.dirs[k]; had {
+		m.entries -= len(old.list)
+	}
+	m.dirs[k] = &dirEntry{list: list, byName: byName, expires: now.Add(m.TTL)}
+	m.entries += len(list)
+	m.trimLocked(now)
+}
+
+// trimLocked keeps the cache within MaxEntries: expired entries go first, then, if
+// needed, arbitrary ones (Go's map order) until half the limit is free.
+func (m *Meta) trimLocked(now time.Time) {
+	if m.entries <= m.MaxEntries {
+		return
+	}
+	for k, e := range m.attrs {
+		if !now.Before(e.expires) || m.entries > m.MaxEntries/2 {
+			delete(m.attrs, k)
+			m.entries--
+		}
+	}
+	for k, d := range m.dirs {
+		if !now.Before(d.expires) || m.entries > m.MaxEntries/2 {
+			delete(m.dirs, k)
+			m.entries -= len(d.list)
+		}
+	}
+}
+
+// Invalidate drops what is known of p: its attributes, its listing, and its parent's
+// listing (which holds p's attributes and says whether p exists).
+func (m *Meta) Invalidate(source int, p string) {
+	dir, _ := parentOf(p)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.gens[slot(source, p)]++
+	m.gens[slot(source, dir)]++
+	m.dropLocked(key{source, p})
+	if p != "" {
+		m.dropLocked(key{source, dir})
+	}
+}
+
+func (m *Meta) dropLocked(k key) {
+	if _, had := m.attrs[k]; had {
+		delete(m.attrs, k)
+		m.entries--
+	}
+	if d, had := m.dirs[k]; had {
+		delete(m.dirs, k)
+		m.entries -= len(d.list)
+	}
+}
+
+// InvalidateTree drops p and everything below it, on one source or (source < 0) all.
+func (m *Meta) InvalidateTree(source int, p string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range m.gens {
+		m.gens[i]++
+	}
+	under := func(k key) bool {
+		return (source < 0 || k.source == source) &&
+			(p == "" || k.path == p || strings.HasPrefix(k.path, p+"/"))
+	}
+	for k := range m.attrs {
+		if under(k) {
+			m.dropLocked(k)
+		}
+	}
+	for k := range m.dirs {
+		if under(k) {
+			m.dropLocked(k)
+		}
+	}
+	if p != "" {
+		dir, _ := parentOf(p)
+		for k := range m.dirs {
+			if k.path == dir && (source < 0 || k.source == source) {
+				m.dropLocked(k)
+			}
+		}
+	}
+}
+
+// Source wraps a backend with the cache. Reads of metadata are answered from the cache
+// when fresh; every change made through it drops the entries it affects.
+type Source struct {
+	backend.Backend
+	id   int
+	meta *Meta
+	// prefetch, if set, lists the subdirectories of each directory listed, in the
+	// background, so that a walk (find, ls -R, a build) finds them cached.
+	prefetch *Prefetcher
+}
+
+// Wrap returns b with the cache in front. id tells sources apart in the cache.
+func Wrap(b backend.Backend, id int, meta *Meta, prefetch *Prefetcher) *Source {
+	return &Source{Backend: b, id: id, meta: meta, prefetch: prefetch}
+}
+
+func (s *Source) Lstat(ctx context.Context, p string) (backend.Attr, error) {
+	now := time.Now()
+	if a, found, ok := s.meta.lookup(s.id, p, now); ok {
+		if !found {
+			return backend.Attr{}, syscall.ENOENT
+		}
+		return a, nil
+	}
+	stamp := s.meta.stamp(s.id, p)
+	a, err := s.Backend.Lstat(ctx, p)
+	switch {
+	case err == nil:
+		s.meta.putAttr(s.id, p, a, false, now, stamp)
+	case backend.ToErrno(err) == syscall.ENOENT:
+		s.meta.putAttr(s.id, p, backend.Attr{}, true, now, stamp)
+	}
+	return a, err
+}
+
+func (s *Source) ReadDir(ctx context.Context, p string) ([]backend.Entry, error) {
+	now := time.Now()
+	if list, ok := s.meta.listing(s.id, p, now); ok {
+		return list, nil
+	}
+	stamp := s.meta.stamp(s.id, p)
+	list, err := s.Backend.ReadDir(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	s.meta.putListing(s.id, p, list, now, stamp)
+	if s.prefetch != nil {
+		s.prefetch.children(s, p, list)
+	}
+	return list, nil
+}
+
+// Refresh drops everything cached at or below p.
+func (s *Source) Refresh(p string) { s.meta.InvalidateTree(s.id, p) }
+
+func (s *Source) changed(paths ...string) {
+	for _, p := range paths {
+		s.meta.Invalidate(s.id, p)
+	}
+}
+
+func (s *Source) Mkdir(ctx context.Context, p string, mode uint32) error {
+	defer s.changed(p)
+	return s.Backend.Mkdir(ctx, p, mode)
+}
+
+func (s *Source) Rmdir(ctx context.Context, p string) error {
+	defer s.meta.InvalidateTree(s.id, p)
+	return s.Backend.Rmdir(ctx, p)
+}
+
+func (s *Source) Unlink(ctx context.Context, p string) error {
+	defer s.changed(p)
+	return s.Backend.Unlink(ctx, p)
+}
+
+func (s *Source) Rename(ctx context.Context, from, to string) error {
+	defer s.meta.InvalidateTree(s.id, from)
+	defer s.meta.InvalidateTree(s.id, to)
+	return s.Backend.Rename(ctx, from, to)
+}
+
+func (s *Source) Symlink(ctx context.Context, target, p string) error {
+	defer s.changed(p)
+	return s.Backend.Symlink(ctx, target, p)
+}
+
+func (s *Source) Link(ctx context.Context, from, to string) error {
+	defer s.changed(from, to)
+	return s.Backend.Link(ctx, from, to)
+}
+
+func (s *Source) SetAttr(ctx context.Context, p string, set backend.SetAttr) error {
+	defer s.changed(p)
+	return s.Backend.SetAttr(ctx, p, set)
+}
+
+func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (backend.File, error) {
+	stamp := s.meta.stamp(s.id, p)
+	f, err := s.Backend.Open(ctx, p, flags, mode)
+	if err != nil {
+		return nil, err
+	}
+	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_CREAT|syscall.O_TRUNC) != 0 {
+		s.changed(p)
+		return &file{File: f, s: s, path: p}, nil
+	}
+	// An open is a fresh look at the file: later stats agree with it.
+	s.meta.putAttr(s.id, p, f.OpenedAttr(), false, time.Now(), stamp)
+	return f, nil
+}
+
+// file drops the cached attributes of a file being written as it changes.
+type file struct {
+	backend.File
+	s    *Source
+	path string
+}
+
+func (f *file) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	defer f.s.changed(f.path)
+	return f.File.WriteAt(ctx, p, off)
+}
+
+func (f *file) SetAttr(ctx context.Context, set backend.SetAttr) error {
+	defer f.s.changed(f.path)
+	return f.File.SetAttr(ctx, set)
+}
+
+func (f *file) Close(ctx context.Context) error {
+	defer f.s.changed(f.path)
+	return f.File.Close(ctx)
+}

@@ -1,0 +1,165 @@
+package cache
+
+import (
+	"context"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/muxfs/muxfs/internal/backend"
+)
+
+// counting is a local backend that counts the requests reaching it.
+type counting struct {
+	backend.Backend
+	lstats, readdirs atomic.Int64
+}
+
+func (c *counting) Lstat(ctx context.Context, p string) (backend.Attr, error) {
+	c.lstats.Add(1)
+	return c.Backend.Lstat(ctx, p)
+}
+
+func (c *counting) ReadDir(ctx context.Context, p string) ([]backend.Entry, error) {
+	c.readdirs.Add(1)
+	return c.Backend.ReadDir(ctx, p)
+}
+
+func newSource(t *testing.T, ttl time.Duration, pf *Prefetcher) (*Source, *counting, string) {
+	t.Helper()
+	dir := t.TempDir()
+	l, err := backend.NewLocal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &counting{Backend: l}
+	return Wrap(c, 0, NewMeta(ttl), pf), c, dir
+}
+
+func TestHitsAndMissesFromListing(t *testing.T) {
+	s, c, dir := newSource(t, time.Minute, nil)
+	ctx := context.Background()
+	os.WriteFile(dir+"/a", []byte("a"), 0o644) //nolint:errcheck
+	if _, err := s.ReadDir(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ReadDir(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := s.Lstat(ctx, "a"); err != nil || a.Size != 1 {
+		t.Fatalf("lstat from listing: %+v %v", a, err)
+	}
+	if _, err := s.Lstat(ctx, "missing.h"); err != syscall.ENOENT {
+		t.Fatalf("a name absent from a fresh listing: %v, want ENOENT", err)
+	}
+	if c.readdirs.Load() != 1 || c.lstats.Load() != 0 {
+		t.Errorf("requests reaching the source: %d readdir, %d lstat; want 1 and 0", c.readdirs.Load(), c.lstats.Load())
+	}
+}
+
+func TestChangesInvalidate(t *testing.T) {
+	s, _, dir := newSource(t, time.Minute, nil)
+	ctx := context.Background()
+	s.ReadDir(ctx, "") //nolint:errcheck
+	f, err := s.Open(ctx, "new", os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Lstat(ctx, "new"); err != nil {
+		t.Errorf("a file created through the cache must be visible at once: %v", err)
+	}
+	f.WriteAt(ctx, []byte("12345"), 0) //nolint:errcheck
+	if a, _ := s.Lstat(ctx, "new"); a.Size != 5 {
+		t.Errorf("size after a write: %d", a.Size)
+	}
+	f.Close(ctx) //nolint:errcheck
+	if err := s.Mkdir(ctx, "d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s.ReadDir(ctx, "d")                  //nolint:errcheck
+	os.WriteFile(dir+"/d/x", nil, 0o644) //nolint:errcheck
+	if err := s.Rename(ctx, "d", "e"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Lstat(ctx, "e/x"); err != nil {
+		t.Errorf("after renaming a directory its old listing must not answer: %v", err)
+	}
+	if _, err := s.Lstat(ctx, "d"); backend.ToErrno(err) != syscall.ENOENT {
+		t.Errorf("the old name after rename: %v", err)
+	}
+	// A change behind the cache's back is seen after Refresh.
+	s.ReadDir(ctx, "")                       //nolint:errcheck
+	os.WriteFile(dir+"/outside", nil, 0o644) //nolint:errcheck
+	if _, err := s.Lstat(ctx, "outside"); err != syscall.ENOENT {
+		t.Fatalf("expected the cached listing to hide a change made elsewhere, got %v", err)
+	}
+	s.Refresh("")
+	if _, err := s.Lstat(ctx, "outside"); err != nil {
+		t.Errorf("after refresh: %v", err)
+	}
+}
+
+func TestExpiry(t *testing.T) {
+	s, c, dir := newSource(t, 50*time.Millisecond, nil)
+	ctx := context.Background()
+	s.Lstat(ctx, "late")                  //nolint:errcheck
+	os.WriteFile(dir+"/late", nil, 0o644) //nolint:errcheck
+	if _, err := s.Lstat(ctx, "late"); err != syscall.ENOENT {
+		t.Fatal("a cached miss should hold within the TTL")
+	}
+	time.Sleep(80 * time.Millisecond)
+	if _, err := s.Lstat(ctx, "late"); err != nil {
+		t.Errorf("after the TTL: %v", err)
+	}
+	if c.lstats.Load() != 2 {
+		t.Errorf("lstats: %d", c.lstats.Load())
+	}
+}
+
+// TestStaleAnswerNotStored: an answer fetched while a change was made must not be
+// cached, since it may predate the change.
+func TestStaleAnswerNotStored(t *testing.T) {
+	m := NewMeta(time.Minute)
+	st := m.stamp(0, "dir")
+	m.Invalidate(0, "dir/new") // a create in dir while its listing was being fetched
+	m.putListing(0, "dir", nil, time.Now(), st)
+	if _, ok := m.listing(0, "dir", time.Now()); ok {
+		t.Error("a listing fetched across a change was stored")
+	}
+}
+
+func TestTrim(t *testing.T) {
+	m := NewMeta(time.Minute)
+	m.MaxEntries = 100
+	now := time.Now()
+	for i := 0; i < 1000; i++ {
+		m.putAttr(0, string(rune('a'+i%26))+string(rune(i)), backend.Attr{}, false, now, m.stamp(0, string(rune('a'+i%26))+string(rune(i))))
+	}
+	if m.entries > 100 || len(m.attrs) > 100 {
+		t.Errorf("cache grew to %d entries (limit 100)", len(m.attrs))
+	}
+}
+
+func TestPrefetch(t *testing.T) {
+	s, c, dir := newSource(t, time.Minute, NewPrefetcher(4))
+	ctx := context.Background()
+	for _, d := range []string{"a", "b", "c"} {
+		os.MkdirAll(dir+"/"+d+"/sub", 0o755) //nolint:errcheck
+	}
+	s.ReadDir(ctx, "") //nolint:errcheck
+	deadline := time.Now().Add(5 * time.Second)
+	for c.readdirs.Load() < 4 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	before := c.readdirs.Load()
+	for _, d := range []string{"a", "b", "c"} {
+		if _, err := s.ReadDir(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if before < 4 {
+		t.Errorf("subdirectories were not listed ahead: %d listings", before)
+	}
+}

@@ -1,0 +1,54 @@
+package fusefs
+
+import (
+	"fmt"
+	"path"
+	"strings"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+)
+
+// refresher is a source with a cache that can be dropped for a subtree.
+type refresher interface{ Refresh(rel string) }
+
+// Refresh forgets everything cached at or below vp (a path in the mounted tree): muxfs'
+// own caches at once, and the kernel's names, attributes and pages through
+// notifications, so the next access asks the servers.
+func (f *FS) Refresh(vp string) error {
+	vp = path.Clean("/" + vp)
+	layers, rels := f.table.Affected(vp)
+	if len(layers) == 0 {
+		return fmt.Errorf("%s is not in the mounted tree", vp)
+	}
+	for i, l := range layers {
+		for _, b := range l.Branches {
+			if r, ok := b.Backend.(refresher); ok {
+				r.Refresh(rels[i])
+			}
+		}
+	}
+	inode := &f.root.Inode
+	for _, name := range strings.Split(strings.Trim(vp, "/"), "/") {
+		if name == "" {
+			continue
+		}
+		if inode = inode.GetChild(name); inode == nil {
+			return nil // the kernel knows nothing below: nothing to tell it
+		}
+	}
+	// Notifications must not run under our locks or inside a FUSE request.
+	go notifyTree(inode)
+	return nil
+}
+
+// notifyTree tells the kernel to forget the names below inode and the pages of every
+// file it knows there.
+func notifyTree(inode *fs.Inode) {
+	for name, ch := range inode.Children() {
+		notifyTree(ch)
+		inode.NotifyEntry(name)
+	}
+	if !inode.IsDir() {
+		inode.NotifyContent(0, 0)
+	}
+}
