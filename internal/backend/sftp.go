@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"sync"
 	"syscall"
 	"time"
 
@@ -58,6 +59,10 @@ func NewSFTP(ctx context.Context, pool *Pool, dir string) (*SFTP, error) {
 }
 
 func (s *SFTP) String() string { return s.name }
+
+func (s *SFTP) log(format string, args ...any) {
+	s.pool.log.Warn(fmt.Sprintf(format, args...), "source", s.name)
+}
 
 // Root is the absolute remote directory of this source.
 func (s *SFTP) Root() string { return s.root }
@@ -529,9 +534,9 @@ func (s *SFTP) Open(ctx context.Context, p string, flags int, mode uint32) (File
 		a = sftp.Attrs{Flags: sftp.AttrPermissions, Mode: mode & 07777}
 	}
 	h, at, err := c.OpenChecked(ctx, s.abs(p), openFlags(flags), a)
-	var fa sftp.Attrs
+	var check *sftp.PendingAttrs
 	if err == nil {
-		fa, err = s.checkOpened(ctx, c, h, at)
+		check, err = s.startCheck(c, h, at)
 	}
 	if err != nil {
 		return nil, s.fail(ctx, "open", p, err, func() syscall.Errno {
@@ -545,29 +550,44 @@ func (s *SFTP) Open(ctx context.Context, p string, flags int, mode uint32) (File
 			return syscall.EIO
 		})
 	}
-	f := &sftpFile{s: s, c: c, h: h, path: p, readOnly: flags&(os.O_WRONLY|os.O_RDWR) == 0, opened: attrFromSFTP(fa)}
+	f := &sftpFile{s: s, c: c, h: h, path: p, readOnly: flags&(os.O_WRONLY|os.O_RDWR) == 0,
+		opened: attrFromSFTP(at), lstat: at, check: check}
 	f.ra.eofAt = -1
 	return f, nil
 }
 
-// checkOpened makes sure the handle is the file at the path, not what a symlink swapped
-// in just before the OPEN pointed to (SFTP v3 opens follow symlinks): the path must not
-// be a symlink after the open, and the open file must have its type, mode and owner.
-func (s *SFTP) checkOpened(ctx context.Context, c *sftp.Client, h string, at sftp.Attrs) (sftp.Attrs, error) {
+// startCheck begins making sure the handle is the file at the path, not what a symlink
+// swapped in just before the OPEN pointed to (SFTP v3 opens follow symlinks). at is the
+// path's lstat taken just after the open: it must not be a symlink. The open file's own
+// attributes (FSTAT) must then match it in type, mode and owner; that answer is awaited
+// before the handle is first used, so the open itself costs one round trip.
+func (s *SFTP) startCheck(c *sftp.Client, h string, at sftp.Attrs) (*sftp.PendingAttrs, error) {
 	if at.Mode&syscall.S_IFMT == syscall.S_IFLNK {
 		c.CloseAsync(h)
-		return sftp.Attrs{}, syscall.ELOOP
+		return nil, syscall.ELOOP
 	}
-	fa, err := c.Fstat(ctx, h)
+	pending, err := c.StartFstat(h)
 	if err != nil {
 		c.CloseAsync(h)
-		return sftp.Attrs{}, err
+		return nil, err
 	}
-	if fa.Mode != at.Mode || fa.UID != at.UID || fa.GID != at.GID {
-		c.CloseAsync(h)
-		return sftp.Attrs{}, syscall.ELOOP
-	}
-	return fa, nil
+	return pending, nil
+}
+
+// checked waits for the open's identity check; every use of the handle goes through it.
+func (f *sftpFile) checked(ctx context.Context) error {
+	f.checkOnce.Do(func() {
+		fa, err := f.check.Wait(ctx)
+		switch {
+		case err != nil:
+			f.checkErr = err
+		case fa.Mode != f.lstat.Mode || fa.UID != f.lstat.UID || fa.GID != f.lstat.GID:
+			// The handle is unusable; EIO is what a stale handle gives elsewhere.
+			f.s.log("open of %s reached another file (a symlink was swapped in): refused", f.path)
+			f.checkErr = syscall.EIO
+		}
+	})
+	return f.checkErr
 }
 
 func (s *SFTP) Statfs(ctx context.Context, p string) (Statfs, error) {
@@ -601,6 +621,11 @@ type sftpFile struct {
 	path     string
 	readOnly bool
 	opened   Attr // the file's attributes just after it was opened
+
+	lstat     sftp.Attrs // the path's, just after the open
+	check     *sftp.PendingAttrs
+	checkOnce sync.Once
+	checkErr  error
 
 	wb writeBehind
 	ra readAhead
@@ -677,6 +702,9 @@ func (f *sftpFile) readFull(ctx context.Context, p []byte, off int64) (int, erro
 // WriteAt sends p at off and returns without waiting for the server (write-behind, in
 // a bounded window). A failure is returned by a later write, Flush, Sync or Close.
 func (f *sftpFile) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if err := f.checked(ctx); err != nil {
+		return 0, f.s.fail(ctx, "write", f.path, err, nil)
+	}
 	if err := f.wb.failed(); err != nil {
 		return 0, f.s.fail(ctx, "write", f.path, f.wb.flush(ctx), nil)
 	}
@@ -699,6 +727,9 @@ func (f *sftpFile) WriteAt(ctx context.Context, p []byte, off int64) (int, error
 // Flush waits until the server has acknowledged every write, and reports the first
 // that failed.
 func (f *sftpFile) Flush(ctx context.Context) error {
+	if err := f.checked(ctx); err != nil {
+		return f.s.fail(ctx, "write", f.path, err, nil)
+	}
 	return f.s.fail(ctx, "write", f.path, f.wb.flush(ctx), nil)
 }
 
@@ -738,6 +769,10 @@ func (f *sftpFile) Sync(ctx context.Context) error {
 
 func (f *sftpFile) Close(ctx context.Context) error {
 	f.ra.reset()
+	if f.checked(ctx) != nil {
+		f.c.CloseAsync(f.h)
+		return nil
+	}
 	if f.readOnly {
 		f.c.CloseAsync(f.h)
 		return nil

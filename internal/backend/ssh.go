@@ -190,6 +190,8 @@ func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog
 	}()
 	exited := make(chan struct{})
 	go func() {
+		// Wait closes the stderr pipe: only after ssh's last words are read.
+		<-stderrDone
 		cmd.Wait() //nolint:errcheck // exit status is reported through stderr and EOF
 		close(exited)
 	}()

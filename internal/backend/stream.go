@@ -129,6 +129,16 @@ func (ra *readAhead) reset() {
 // ReadAt reads len(p) bytes at off: from the read-ahead where it covers them, directly
 // (as one pipelined burst) where not.
 func (f *sftpFile) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	n, err := f.readAt(ctx, p, off)
+	// The open's identity check is collected after the reads were sent (its answer
+	// comes first), but before any data is returned.
+	if cerr := f.checked(ctx); cerr != nil {
+		return 0, f.s.fail(ctx, "read", f.path, cerr, nil)
+	}
+	return n, err
+}
+
+func (f *sftpFile) readAt(ctx context.Context, p []byte, off int64) (int, error) {
 	ra := &f.ra
 	end := off + int64(len(p))
 	ra.mu.Lock()

@@ -252,12 +252,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, n.fsys.toErrno(err)
 	}
-	a, err := f.Stat(ctx)
-	if err != nil {
-		f.Close(ctx)
-		return nil, nil, 0, n.fsys.toErrno(err)
-	}
-	inode := n.newEntry(ctx, name, vp, l, rel, idx, a, out)
+	inode := n.newEntry(ctx, name, vp, l, rel, idx, f.OpenedAttr(), out)
 	return inode, inode.Operations().(*node).addHandle(f, openFlags(flags)|os.O_WRONLY), 0, 0
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"sync"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -79,7 +80,7 @@ func (n *node) keepCache(a backend.Attr) bool {
 // addHandle registers an open file with its node, so that other operations on the
 // node can wait for its writes.
 func (n *node) addHandle(f backend.File, flags int) *fileHandle {
-	h := &fileHandle{f: f, n: n, writable: writes(flags)}
+	h := &fileHandle{f: f, n: n, writable: writes(flags), appending: flags&os.O_APPEND != 0, attr: f.OpenedAttr()}
 	if h.writable {
 		n.mu.Lock()
 		if n.writers == nil {
@@ -89,6 +90,24 @@ func (n *node) addHandle(f backend.File, flags int) *fileHandle {
 		n.mu.Unlock()
 	}
 	return h
+}
+
+// writersAttr returns the file's attributes as the handles writing it have made them,
+// or ok false when no handle is writing.
+func (n *node) writersAttr() (a backend.Attr, ok bool) {
+	n.mu.Lock()
+	hs := make([]*fileHandle, 0, len(n.writers))
+	for h := range n.writers {
+		hs = append(hs, h)
+	}
+	n.mu.Unlock()
+	for _, h := range hs {
+		ha := h.localAttr()
+		if !ok || ha.Size > a.Size {
+			a, ok = ha, true
+		}
+	}
+	return a, ok
 }
 
 // flushWriters waits for the writes of every handle open for writing on this node.
@@ -110,9 +129,40 @@ func (n *node) flushWriters(ctx context.Context) syscall.Errno {
 // fileHandle is an open file. Writes go out behind the caller (in a bounded window);
 // flush (close(2)), fsync and release wait for all of them and report any failure.
 type fileHandle struct {
-	f        backend.File
-	n        *node
-	writable bool
+	f         backend.File
+	n         *node
+	writable  bool
+	appending bool
+
+	// For a handle open for writing: the file as its writes have made it, so that the
+	// many stats of a compiler or linker need no round trip and no wait for writes in
+	// flight. The mtime stays the server's until release, when the server's word is
+	// taken again: a new mtime at every write would tell the kernel the file changed.
+	mu   sync.Mutex
+	attr backend.Attr
+}
+
+// localAttr is the file's attributes including this handle's writes so far.
+func (h *fileHandle) localAttr() backend.Attr {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.attr
+}
+
+func (h *fileHandle) wrote(off int64, n int, appending bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if appending {
+		h.attr.Size += int64(n)
+	} else {
+		h.attr.Size = max(h.attr.Size, off+int64(n))
+	}
+}
+
+func (h *fileHandle) resized(size int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.attr.Size = size
 }
 
 var _ = (fs.FileReader)((*fileHandle)(nil))
@@ -134,6 +184,7 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 	if err != nil {
 		return uint32(n), h.n.fsys.toErrno(err)
 	}
+	h.wrote(off, n, h.appending)
 	return uint32(n), 0
 }
 

@@ -89,6 +89,10 @@ func (f *FS) Mount(mountpoint string, o Options) (*fuse.Server, error) {
 			// mount(2) directly when root; otherwise go-fuse falls back to fusermount3,
 			// which is how unprivileged users mount.
 			DirectMount: true,
+			// The page cache is dropped by muxfs when an open finds the file changed
+			// on the server (close-to-open), not by the kernel whenever attributes
+			// differ: a file being written reports sizes and times of its own.
+			ExplicitDataCacheControl: true,
 			// SFTP v3 has no extended attributes: say so once (ENOSYS makes the kernel
 			// answer EOPNOTSUPP without asking again).
 			DisableXAttrs: true,

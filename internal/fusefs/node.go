@@ -31,6 +31,12 @@ type node struct {
 	writers   map[*fileHandle]struct{}
 }
 
+func (n *node) nlinkNow() uint32 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.nlink
+}
+
 // report fills out for the kernel and remembers what the kernel now believes.
 func (n *node) report(out *fuse.Attr, a backend.Attr) {
 	n.mu.Lock()
@@ -139,21 +145,25 @@ var _ = (fs.NodeGetattrer)((*node)(nil))
 func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	ctx = uninterruptible(ctx)
 	ino := n.StableAttr().Ino
-	// Attributes must include writes still in flight, or the kernel would shrink the
-	// file it has just grown.
-	if errno := n.flushWriters(ctx); errno != 0 {
-		return errno
-	}
-	if h, ok := fh.(*fileHandle); ok {
-		a, err := h.f.Stat(ctx)
-		if err != nil {
-			return n.fsys.toErrno(err)
-		}
-		n.report(&out.Attr, a)
+	// While the file is being written through the mount, its writers know its size
+	// best: the server has not seen every write yet, and a smaller size from it would
+	// make the kernel shrink the file it has just grown.
+	if a, ok := n.writersAttr(); ok {
+		// Not recorded as seen: the mtime is the server's from before the writes.
+		fillAttr(&out.Attr, a, ino, n.nlinkNow())
 		return 0
 	}
 	vp, l, rel, errno := n.where()
 	if errno != 0 {
+		// Unlinked while open: only the handle still reaches the file.
+		if h, ok := fh.(*fileHandle); ok {
+			a, err := h.f.Stat(ctx)
+			if err != nil {
+				return n.fsys.toErrno(err)
+			}
+			fillAttr(&out.Attr, a, ino, n.nlinkNow())
+			return 0
+		}
 		return errno
 	}
 	branch, _, _ := n.state()
@@ -255,6 +265,13 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		}
 		if err != nil {
 			return n.fsys.toErrno(err)
+		}
+		if set.Valid&backend.SetSize != 0 {
+			n.mu.Lock()
+			for h := range n.writers {
+				h.resized(set.Size)
+			}
+			n.mu.Unlock()
 		}
 	}
 	return n.Getattr(ctx, fh, out)

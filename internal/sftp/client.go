@@ -431,6 +431,25 @@ func (c *Client) Fstat(ctx context.Context, handle string) (Attrs, error) {
 	return c.expectAttrs(ctx, "fstat", b, id, "")
 }
 
+// PendingAttrs is an ATTRS request in flight.
+type PendingAttrs struct{ k *call }
+
+// StartFstat sends an FSTAT without waiting for it.
+func (c *Client) StartFstat(handle string) (*PendingAttrs, error) {
+	b, id := c.pathRequest(fxpFstat, handle)
+	k, err := c.start(b, id)
+	if err != nil {
+		return nil, err
+	}
+	return &PendingAttrs{k: k}, nil
+}
+
+// Wait returns the attributes.
+func (p *PendingAttrs) Wait(ctx context.Context) (Attrs, error) {
+	r, err := p.k.wait(ctx)
+	return parseAttrs(r, err, "fstat", "")
+}
+
 // Setstat changes attributes of path, following symlinks.
 func (c *Client) Setstat(ctx context.Context, path string, a Attrs) error {
 	b, id := c.pathRequest(fxpSetstat, path)

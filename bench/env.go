@@ -1,0 +1,117 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/Shopify/toxiproxy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/muxfs/muxfs/internal/sshd"
+)
+
+// env is the bench's world: one throwaway sshd on loopback, reached directly (0 ms) or
+// through a toxiproxy latency proxy per added round-trip time.
+type env struct {
+	root    string
+	keys    *sshd.Keys
+	server  *sshd.Server
+	proxies map[time.Duration]int // added RTT -> local port to connect to
+	muxfs   string
+}
+
+func newEnv(root, muxfsBin string, rtts []time.Duration) (*env, error) {
+	keys, err := sshd.NewKeys(filepath.Join(root, "keys"))
+	if err != nil {
+		return nil, err
+	}
+	srv, err := sshd.Start(filepath.Join(root, "sshd"), keys)
+	if err != nil {
+		return nil, err
+	}
+	e := &env{root: root, keys: keys, server: srv, proxies: map[time.Duration]int{0: srv.Port}, muxfs: muxfsBin}
+	api := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	for _, rtt := range rtts {
+		if rtt == 0 {
+			continue
+		}
+		p := toxiproxy.NewProxy(api, fmt.Sprintf("rtt%d", rtt.Milliseconds()), "127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", srv.Port))
+		if err := p.Start(); err != nil {
+			return nil, fmt.Errorf("starting the delay proxy: %w", err)
+		}
+		// Half the round trip each way. The latency toxic timestamps data on arrival,
+		// so it delays without limiting bandwidth.
+		half := rtt.Milliseconds() / 2
+		for _, stream := range []string{"upstream", "downstream"} {
+			js := fmt.Sprintf(`{"type":"latency","stream":%q,"attributes":{"latency":%d}}`, stream, half)
+			if _, err := p.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+				return nil, err
+			}
+		}
+		_, port, _ := strings.Cut(p.Listen, ":")
+		n, _ := strconv.Atoi(port)
+		e.proxies[rtt] = n
+		// The proxy's port has its own known_hosts line (ssh keys hosts by port).
+		if err := addKnownHost(keys.KnownHosts, srv.Port, n); err != nil {
+			return nil, err
+		}
+	}
+	return e, nil
+}
+
+func addKnownHost(file string, from, to int) error {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	prefix := fmt.Sprintf("[127.0.0.1]:%d ", from)
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, prefix) {
+			f, err := os.OpenFile(file, os.O_APPEND|os.O_WRONLY, 0o600)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = fmt.Fprintf(f, "[127.0.0.1]:%d %s\n", to, strings.TrimPrefix(line, prefix))
+			return err
+		}
+	}
+	return errors.New("server key not in known_hosts")
+}
+
+func (e *env) close() { e.server.Stop() }
+
+// sshArgs are ssh options (as -o values) for the bench's keys.
+func (e *env) sshOpts() []string { return e.keys.SSHOptions() }
+
+// dropCaches empties the page, dentry and inode caches (root only) for cold runs.
+func dropCaches() {
+	exec.Command("sync").Run()                                     //nolint:errcheck
+	os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0o200) //nolint:errcheck // not root: cold means fresh mounts only
+}
+
+// sh runs a shell command and returns its wall-clock time.
+func sh(script string) (time.Duration, string, error) {
+	start := time.Now()
+	out, err := exec.Command("/bin/sh", "-c", script).CombinedOutput()
+	d := time.Since(start)
+	if err != nil {
+		return d, string(out), fmt.Errorf("%s: %v: %s", script, err, tail(string(out)))
+	}
+	return d, string(out), nil
+}
+
+func tail(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) > 300 {
+		s = "..." + s[len(s)-300:]
+	}
+	return s
+}

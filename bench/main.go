@@ -1,0 +1,245 @@
+// Command bench measures muxfs against local disk, the raw ssh stream, sshfs (default and
+// tuned) and rclone mount (vfs-cache-mode off and full), over one loopback sshd, at
+// several added round-trip times, in one run, and writes docs/benchmarks.md with PNG
+// charts. See bench/README.md.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+type bench struct {
+	env       *env
+	reps      int
+	seqMiB    int
+	treeTar   string
+	treeFiles int
+	luaTar    string
+	data      string // server-side data root
+	results   *store
+}
+
+func main() {
+	var (
+		sysList  = flag.String("systems", "local,sshfs,sshfs-tuned,rclone,rclone-full,muxfs", "systems to measure")
+		wlList   = flag.String("workloads", "seq,rand,tree,untar,build", "workloads to run")
+		rttList  = flag.String("rtt", "0,2,20", "added round-trip times in ms")
+		reps     = flag.Int("reps", 3, "repetitions of each measurement (median reported)")
+		seqMiB   = flag.Int("seq-mib", 256, "size of the sequential I/O file in MiB")
+		out      = flag.String("out", "docs/benchmarks.md", "markdown report to write")
+		charts   = flag.String("charts", "docs/bench", "directory for PNG charts")
+		muxfsBin = flag.String("muxfs", "", "muxfs binary (default: build ./cmd/muxfs)")
+		keep     = flag.Bool("keep", false, "keep the working directory")
+	)
+	flag.Parse()
+	log.SetFlags(log.Ltime)
+	// Paths are relative to the repository root, also when run from bench/.
+	if _, err := os.Stat("cmd/muxfs"); err != nil {
+		if err := os.Chdir(".."); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	var rtts []time.Duration
+	for _, f := range strings.Split(*rttList, ",") {
+		ms, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			log.Fatalf("bad -rtt %q", f)
+		}
+		rtts = append(rtts, time.Duration(ms)*time.Millisecond)
+	}
+	for _, tool := range []string{"fio", "sshfs", "rclone", "sshd", "make", "cc"} {
+		if _, err := exec.LookPath(tool); err != nil && tool != "sshd" {
+			log.Fatalf("%s is not installed: run bench/setup.sh", tool)
+		}
+	}
+	root, err := os.MkdirTemp("", "muxfs-bench-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if !*keep {
+		defer os.RemoveAll(root)
+	}
+	bin := *muxfsBin
+	if bin == "" {
+		bin = filepath.Join(root, "muxfs")
+		if err := run("go", "build", "-o", bin, "./cmd/muxfs"); err != nil {
+			log.Fatal(err)
+		}
+	}
+	e, err := newEnv(root, bin, rtts)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer e.close()
+	b := &bench{env: e, reps: *reps, seqMiB: *seqMiB, data: filepath.Join(root, "data"), results: newStore()}
+	if err := b.prepare(); err != nil {
+		log.Fatal(err)
+	}
+
+	selected := func(list string, name string) bool { return slices.Contains(strings.Split(list, ","), name) }
+	started := time.Now()
+	for _, rtt := range rtts {
+		for _, w := range workloads {
+			if !selected(*wlList, w.name) || !w.at(rtt) {
+				continue
+			}
+			for _, sys := range systems {
+				if selected(*sysList, sys.name) {
+					b.measure(w, sys, rtt)
+				}
+			}
+			if w.name == "seq" {
+				b.rawStream(rtt)
+			}
+		}
+	}
+	log.Printf("all measurements took %v", time.Since(started).Round(time.Second))
+	cmdline := strings.TrimSpace("bench/run.sh " + strings.Join(os.Args[1:], " "))
+	if err := b.results.report(*out, *charts, cmdline, rtts, time.Since(started)); err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("wrote %s and charts in %s", *out, *charts)
+}
+
+// prepare makes the data every system reads: the tree, its tarball, Lua's source.
+func (b *bench) prepare() error {
+	shared := filepath.Join(b.data, "shared")
+	if err := os.MkdirAll(shared, 0o755); err != nil {
+		return err
+	}
+	goroot := strings.TrimSpace(mustOutput("go", "env", "GOROOT"))
+	if _, _, err := sh(fmt.Sprintf("cp -a %s/src %s/tree", goroot, shared)); err != nil {
+		return err
+	}
+	out := mustOutput("sh", "-c", "find "+shared+"/tree | wc -l")
+	b.treeFiles, _ = strconv.Atoi(strings.TrimSpace(out))
+	b.treeTar = filepath.Join(b.env.root, "tree.tar")
+	if _, _, err := sh(fmt.Sprintf("tar -cf %s -C %s tree", b.treeTar, shared)); err != nil {
+		return err
+	}
+	lua, err := fetchLua(b.env.root)
+	if err != nil {
+		return err
+	}
+	b.luaTar = lua
+	log.Printf("prepared: tree of %d entries, %s", b.treeFiles, filepath.Base(lua))
+	return nil
+}
+
+// fetchLua downloads Lua 5.4's source from Debian (a private apt state: the machine's
+// apt configuration is not touched).
+func fetchLua(root string) (string, error) {
+	dir := filepath.Join(root, "srcpkg")
+	if err := os.MkdirAll(filepath.Join(dir, "lists", "partial"), 0o755); err != nil {
+		return "", err
+	}
+	sources := "Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+	if err := os.WriteFile(filepath.Join(dir, "deb-src.sources"), []byte(sources), 0o644); err != nil {
+		return "", err
+	}
+	apt := fmt.Sprintf("apt-get -q -o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts=%s -o Dir::State::Lists=%s/lists", dir, dir)
+	if _, _, err := sh(fmt.Sprintf("cd %s && %s update && %s source --download-only lua5.4", dir, apt, apt)); err != nil {
+		return "", err
+	}
+	m, _ := filepath.Glob(filepath.Join(dir, "lua5.4_*.orig.tar.gz"))
+	if len(m) == 0 {
+		return "", fmt.Errorf("lua5.4 source not downloaded")
+	}
+	return m[0], nil
+}
+
+func mustOutput(name string, args ...string) string {
+	out, err := exec.Command(name, args...).Output()
+	if err != nil {
+		log.Fatalf("%s %v: %v", name, args, err)
+	}
+	return string(out)
+}
+
+// ensureFile makes a file of n MiB of random data on the server side, unless there is one.
+func (b *bench) ensureFile(s *session, name string, n int) error {
+	p := filepath.Join(s.dir, name)
+	if st, err := os.Stat(p); err == nil && st.Size() == int64(n)<<20 {
+		return nil
+	}
+	_, _, err := sh(fmt.Sprintf("dd if=/dev/urandom of=%s bs=1M count=%d status=none", p, n))
+	return err
+}
+
+// measure runs workload w on system sys at rtt, reps times, on a fresh mount.
+func (b *bench) measure(w workload, sys system, rtt time.Duration) {
+	dir := filepath.Join(b.data, sys.name)
+	if w.name == "tree" {
+		dir = filepath.Join(b.data, "shared")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		log.Fatal(err)
+	}
+	s, err := b.env.open(sys, rtt, dir)
+	if err != nil {
+		b.results.fail(rtt, w.name, sys.name, err)
+		log.Printf("%v %s %s: %v", rtt, w.name, sys.name, err)
+		return
+	}
+	defer s.close()
+	for rep := 0; rep < b.reps; rep++ {
+		res, err := w.run(b, s, rtt)
+		for _, r := range res {
+			b.results.add(rtt, w.name, sys.name, r)
+		}
+		if err != nil {
+			b.results.fail(rtt, w.name, sys.name, err)
+			log.Printf("%v %s %s: %v", rtt, w.name, sys.name, err)
+			return
+		}
+		log.Printf("%v %s %s rep %d: %s", rtt, w.name, sys.name, rep+1, summary(res))
+	}
+}
+
+func summary(res []result) string {
+	var parts []string
+	for _, r := range res {
+		parts = append(parts, fmt.Sprintf("%s=%.3g%s", r.metric, r.value, r.unit))
+	}
+	return strings.Join(parts, " ")
+}
+
+// rawStream measures `ssh host cat FILE` through the same link: the limit of one SSH
+// stream, with ssh's default cipher and with the one muxfs prefers.
+func (b *bench) rawStream(rtt time.Duration) {
+	file := filepath.Join(b.data, "shared", "stream.dat")
+	if _, _, err := sh(fmt.Sprintf("test -s %s || dd if=/dev/urandom of=%s bs=1M count=%d status=none", file, file, b.seqMiB)); err != nil {
+		log.Fatal(err)
+	}
+	for _, v := range []struct{ name, cipher string }{{"ssh-stream", ""}, {"ssh-stream-gcm", "-c aes128-gcm@openssh.com"}} {
+		opts := "-o " + strings.Join(b.env.sshOpts(), " -o ")
+		ssh := fmt.Sprintf("ssh %s %s -p %d %s@127.0.0.1", opts, v.cipher, b.env.proxies[rtt], b.env.server.User)
+		for rep := 0; rep < b.reps; rep++ {
+			// The connection's setup is not part of the stream: time it alone and
+			// take it off.
+			setup, _, err := sh(ssh + " true")
+			if err == nil {
+				dropCaches()
+				var d time.Duration
+				d, _, err = sh(fmt.Sprintf("%s cat %s > /dev/null", ssh, file))
+				if err == nil {
+					b.results.add(rtt, "seq", v.name, result{"read", "MB/s", float64(b.seqMiB<<20) / mb / (d - setup).Seconds(), true})
+				}
+			}
+			if err != nil {
+				b.results.fail(rtt, "seq", v.name, err)
+				break
+			}
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// system is one way of reaching the server's files.
+type system struct {
+	name  string
+	local bool // the directory itself: the limit
+	// mount mounts remote dir at mp, reaching the server on port.
+	mount func(e *env, port int, dir, mp string) error
+}
+
+func sshfsOpts(e *env, port int, extra string) string {
+	o := fmt.Sprintf("port=%d,%s", port, strings.Join(e.sshOpts(), ","))
+	if extra != "" {
+		o += "," + extra
+	}
+	return o
+}
+
+var systems = []system{
+	{name: "local", local: true},
+	{name: "sshfs", mount: func(e *env, port int, dir, mp string) error {
+		return run("sshfs", "-o", sshfsOpts(e, port, ""), fmt.Sprintf("%s@127.0.0.1:%s", e.server.User, dir), mp)
+	}},
+	{name: "sshfs-tuned", mount: func(e *env, port int, dir, mp string) error {
+		return run("sshfs", "-o", sshfsOpts(e, port, "max_conns=4,kernel_cache,Ciphers=aes128-gcm@openssh.com"),
+			fmt.Sprintf("%s@127.0.0.1:%s", e.server.User, dir), mp)
+	}},
+	{name: "rclone", mount: func(e *env, port int, dir, mp string) error { return rcloneMount(e, port, dir, mp, "off") }},
+	{name: "rclone-full", mount: func(e *env, port int, dir, mp string) error { return rcloneMount(e, port, dir, mp, "full") }},
+	{name: "muxfs", mount: func(e *env, port int, dir, mp string) error {
+		return run(e.muxfs, "-o", strings.Join(e.sshOpts(), ","), fmt.Sprintf("sftp://%s@127.0.0.1:%d%s", e.server.User, port, dir), mp)
+	}},
+}
+
+func rcloneMount(e *env, port int, dir, mp, mode string) error {
+	remote := fmt.Sprintf(":sftp,host=127.0.0.1,port=%d,user=%s,key_file=%s,known_hosts_file=%s:%s",
+		port, e.server.User, e.keys.Identity, e.keys.KnownHosts, dir)
+	args := []string{"mount", remote, mp, "--daemon", "--vfs-cache-mode", mode}
+	if mode != "off" {
+		args = append(args, "--cache-dir", filepath.Join(e.root, "rclone-cache", filepath.Base(mp)))
+	}
+	if err := run("rclone", args...); err != nil {
+		return err
+	}
+	return waitMounted(mp)
+}
+
+func run(name string, args ...string) error {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %v: %s", name, err, tail(string(out)))
+	}
+	return nil
+}
+
+func isMounted(mp string) bool {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fields := strings.Fields(sc.Text()); len(fields) > 4 && fields[4] == mp {
+			return true
+		}
+	}
+	return false
+}
+
+func waitMounted(mp string) error {
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if isMounted(mp) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s did not mount", mp)
+}
+
+func unmount(mp string) {
+	if !isMounted(mp) {
+		return
+	}
+	if exec.Command("fusermount3", "-u", mp).Run() != nil {
+		time.Sleep(500 * time.Millisecond)
+		if exec.Command("fusermount3", "-u", mp).Run() != nil {
+			exec.Command("fusermount3", "-u", "-z", mp).Run() //nolint:errcheck
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); isMounted(mp) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// session is one system mounted over one link: the directory to work in, and how to
+// make it cold again (a fresh mount with dropped caches).
+type session struct {
+	e    *env
+	sys  system
+	port int
+	dir  string // on the server
+	mp   string // where the workload runs
+}
+
+func (e *env) open(sys system, rtt time.Duration, dir string) (*session, error) {
+	s := &session{e: e, sys: sys, port: e.proxies[rtt], dir: dir, mp: dir}
+	if sys.local {
+		return s, nil
+	}
+	s.mp = filepath.Join(e.root, "mnt", sys.name)
+	if err := os.MkdirAll(s.mp, 0o755); err != nil {
+		return nil, err
+	}
+	return s, s.remount()
+}
+
+func (s *session) remount() error {
+	if s.sys.local {
+		dropCaches()
+		return nil
+	}
+	unmount(s.mp)
+	dropCaches()
+	if err := s.sys.mount(s.e, s.port, s.dir, s.mp); err != nil {
+		return err
+	}
+	return waitMounted(s.mp)
+}
+
+func (s *session) close() {
+	if !s.sys.local {
+		unmount(s.mp)
+	}
+}

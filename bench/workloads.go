@@ -1,0 +1,194 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// result is one measurement.
+type result struct {
+	metric string
+	unit   string
+	value  float64
+	higher bool // higher is better (throughput), else lower (time)
+}
+
+// workload measures one thing on a session. full is false at added RTT, where only the
+// part that tells something new about latency runs (see README).
+type workload struct {
+	name string
+	desc string
+	// at says whether the workload runs at this added RTT.
+	at  func(rtt time.Duration) bool
+	run func(b *bench, s *session, rtt time.Duration) ([]result, error)
+}
+
+var workloads = []workload{
+	{name: "seq", desc: "IOzone-style sequential I/O with fio, 64 KiB records: write and rewrite (fsync at the end), then read and reread from a fresh mount with dropped caches",
+		at: func(time.Duration) bool { return true }, run: seqWorkload},
+	{name: "rand", desc: "random 4 KiB I/O with fio on a 64 MiB file, 10 s each, one request at a time (psync): read IOPS, then write IOPS with an fsync at the end",
+		at: func(rtt time.Duration) bool { return rtt == 0 }, run: randWorkload},
+	{name: "tree", desc: "a source tree of 11,478 files (Go 1.26's src): find, ls -lR, du -s, grep -r; cold = fresh mount and dropped caches, hot = again at once",
+		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: treeWorkload},
+	{name: "untar", desc: "untar the same tree onto the mount, then rm -rf it",
+		at: func(rtt time.Duration) bool { return rtt == 0 }, run: untarWorkload},
+	{name: "build", desc: "build Lua 5.4 (a real C project, Debian's source) with make -j2, sources and objects on the mount; cold = fresh mount and dropped caches, hot = make clean and build again",
+		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: buildWorkload},
+}
+
+type fioOut struct {
+	Jobs []struct {
+		Read struct {
+			BwBytes float64 `json:"bw_bytes"`
+			Iops    float64 `json:"iops"`
+		} `json:"read"`
+		Write struct {
+			BwBytes float64 `json:"bw_bytes"`
+			Iops    float64 `json:"iops"`
+		} `json:"write"`
+	} `json:"jobs"`
+}
+
+func fio(args ...string) (fioOut, error) {
+	var o fioOut
+	out, err := exec.Command("fio", append([]string{"--output-format=json", "--ioengine=psync"}, args...)...).Output()
+	if err != nil {
+		return o, fmt.Errorf("fio %v: %v", args, err)
+	}
+	// fio may print warnings before the JSON.
+	if i := strings.Index(string(out), "{"); i > 0 {
+		out = out[i:]
+	}
+	if err := json.Unmarshal(out, &o); err != nil || len(o.Jobs) == 0 {
+		return o, fmt.Errorf("fio output: %v", err)
+	}
+	return o, nil
+}
+
+const mb = 1e6
+
+func seqWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
+	file := filepath.Join(s.mp, "seq.dat")
+	size := fmt.Sprintf("%dm", b.seqMiB)
+	var res []result
+	if rtt == 0 {
+		if err := s.remount(); err != nil {
+			return nil, err
+		}
+		for _, name := range []string{"write", "rewrite"} {
+			o, err := fio("--name="+name, "--filename="+file, "--rw=write", "--bs=64k", "--size="+size, "--end_fsync=1")
+			if err != nil {
+				return res, err
+			}
+			res = append(res, result{name, "MB/s", o.Jobs[0].Write.BwBytes / mb, true})
+		}
+	} else if err := b.ensureFile(s, "seq.dat", b.seqMiB); err != nil {
+		return nil, err
+	}
+	if err := s.remount(); err != nil {
+		return res, err
+	}
+	for _, name := range []string{"read", "reread"} {
+		o, err := fio("--name="+name, "--filename="+file, "--rw=read", "--bs=64k", "--size="+size)
+		if err != nil {
+			return res, err
+		}
+		res = append(res, result{name, "MB/s", o.Jobs[0].Read.BwBytes / mb, true})
+	}
+	return res, nil
+}
+
+func randWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
+	file := filepath.Join(s.mp, "rand.dat")
+	if err := b.ensureFile(s, "rand.dat", 64); err != nil {
+		return nil, err
+	}
+	if err := s.remount(); err != nil {
+		return nil, err
+	}
+	var res []result
+	o, err := fio("--name=randread", "--filename="+file, "--rw=randread", "--bs=4k", "--size=64m", "--runtime=10", "--time_based")
+	if err != nil {
+		return res, err
+	}
+	res = append(res, result{"randread", "IOPS", o.Jobs[0].Read.Iops, true})
+	o, err = fio("--name=randwrite", "--filename="+file, "--rw=randwrite", "--bs=4k", "--size=64m", "--runtime=10", "--time_based", "--end_fsync=1")
+	if err != nil {
+		return res, err
+	}
+	res = append(res, result{"randwrite", "IOPS", o.Jobs[0].Write.Iops, true})
+	return res, nil
+}
+
+// treeWorkload runs on the shared read-only copy of the tree.
+func treeWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
+	tree := filepath.Join(s.mp, "tree")
+	cmds := []struct{ name, script string }{
+		{"find", "find " + tree + " | wc -l"},
+		{"ls -lR", "ls -lR " + tree + " > /dev/null"},
+		{"du -s", "du -s " + tree},
+		{"grep -r", "grep -r --count zzqqxxnotfound " + tree + " > /dev/null; test $? -le 1"},
+	}
+	var res []result
+	for _, c := range cmds {
+		if err := s.remount(); err != nil {
+			return res, err
+		}
+		for _, temp := range []string{"cold", "hot"} {
+			d, _, err := sh(c.script)
+			if err != nil {
+				return res, err
+			}
+			res = append(res, result{c.name + " " + temp, "s", d.Seconds(), false})
+		}
+	}
+	return res, nil
+}
+
+func untarWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
+	dst := filepath.Join(s.mp, "untar")
+	if err := s.remount(); err != nil {
+		return nil, err
+	}
+	os.RemoveAll(filepath.Join(s.dir, "untar")) //nolint:errcheck // leftovers of a failed run, server side
+	d, _, err := sh(fmt.Sprintf("mkdir -p %s && tar -xf %s -C %s", dst, b.treeTar, dst))
+	if err != nil {
+		return nil, err
+	}
+	res := []result{{"untar", "files/s", float64(b.treeFiles) / d.Seconds(), true}}
+	d, _, err = sh("rm -rf " + dst)
+	if err != nil {
+		return res, err
+	}
+	return append(res, result{"rm -rf", "s", d.Seconds(), false}), nil
+}
+
+func buildWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
+	// Unpacked on the server side (untimed), built through the mount.
+	src := filepath.Join(s.dir, "lua")
+	os.RemoveAll(src) //nolint:errcheck
+	if _, _, err := sh(fmt.Sprintf("mkdir -p %s && tar -xzf %s -C %s --strip-components=1", src, b.luaTar, src)); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(s.mp, "lua")
+	if err := s.remount(); err != nil {
+		return nil, err
+	}
+	var res []result
+	for _, temp := range []string{"cold", "hot"} {
+		d, _, err := sh("make -C " + dir + " -j2 posix")
+		if err != nil {
+			return res, err
+		}
+		res = append(res, result{"build " + temp, "s", d.Seconds(), false})
+		if _, _, err := sh("make -C " + dir + " clean"); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
