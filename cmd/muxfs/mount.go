@@ -417,6 +417,7 @@ func serve(cfg *config.Config, onReady func(mp string) error) error {
 	fsys := fusefs.New(table, log)
 	entry, attr, negative := cfg.Options.KernelTimeouts()
 	server, err := fsys.Mount(cfg.Mountpoint, fusefs.Options{
+		CacheDirs:          cfg.Options.Cache,
 		FsName:             fsName(cfg),
 		AllowOther:         cfg.Options.AllowOther,
 		DefaultPermissions: cfg.Options.DefaultPermissions,

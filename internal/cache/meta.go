@@ -253,6 +253,10 @@ func (s *Source) Lstat(ctx context.Context, p string) (backend.Attr, error) {
 func (s *Source) ReadDir(ctx context.Context, p string) ([]backend.Entry, error) {
 	now := time.Now()
 	if list, ok := s.meta.listing(s.id, p, now); ok {
+		if s.prefetch != nil {
+			// The walk goes on below: keep one level ahead of it.
+			s.prefetch.children(s, p, list)
+		}
 		return list, nil
 	}
 	stamp := s.meta.stamp(s.id, p)

@@ -40,6 +40,9 @@ func (pf *Prefetcher) children(s *Source, dir string, list []backend.Entry) {
 		if dir != "" {
 			p = dir + "/" + e.Name
 		}
+		if _, cached := s.meta.listing(s.id, p, time.Now()); cached {
+			continue
+		}
 		k := key{s.id, p}
 		pf.mu.Lock()
 		if pf.busy[k] {

@@ -2,6 +2,8 @@ package fusefs
 
 import (
 	"context"
+	"encoding/binary"
+	"hash/fnv"
 	"os"
 	"slices"
 	"sync"
@@ -50,7 +52,39 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	if errno := h.load(ctx); errno != 0 {
 		return nil, 0, errno
 	}
-	return h, 0, 0
+	// The kernel may keep this listing and answer the next readdir itself, as long as
+	// the listing has not changed since it was cached: a warm find or ls -R then never
+	// reaches muxfs. (The kernel drops it on its own when entries are added or removed
+	// through the mount.)
+	if !n.fsys.cacheDirs {
+		return h, 0, 0
+	}
+	sum := h.checksum()
+	n.mu.Lock()
+	prev := n.listingSum
+	n.listingSum = sum
+	n.mu.Unlock()
+	if prev == sum {
+		return h, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, 0
+	}
+	if prev != 0 {
+		// Changed since the kernel cached it: drop its copy before it is read (safe
+		// inside OPENDIR: the kernel holds nothing the notification needs).
+		n.NotifyContent(0, 0)
+	}
+	return h, fuse.FOPEN_CACHE_DIR, 0
+}
+
+// checksum identifies the listing: names, types and inode numbers.
+func (h *dirHandle) checksum() uint64 {
+	d := fnv.New64a()
+	var buf [8]byte
+	for _, e := range h.entries {
+		d.Write([]byte(e.name))
+		binary.LittleEndian.PutUint64(buf[:], e.ino^uint64(e.mode)<<40)
+		d.Write(buf[:])
+	}
+	return d.Sum64() | 1
 }
 
 func (h *dirHandle) load(ctx context.Context) syscall.Errno {

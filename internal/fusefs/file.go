@@ -194,7 +194,19 @@ var _ = (fs.FileFlusher)((*fileHandle)(nil))
 // handle, with the error of any write that failed (close-to-open consistency).
 func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	ctx = uninterruptible(ctx)
-	return h.n.fsys.toErrno(h.f.Flush(ctx))
+	if !h.writable {
+		return 0
+	}
+	// Stat flushes, then gives the server's size and mtime: what a stat after
+	// close(2) must show.
+	a, err := h.f.Stat(ctx)
+	if err != nil {
+		return h.n.fsys.toErrno(err)
+	}
+	h.mu.Lock()
+	h.attr = a
+	h.mu.Unlock()
+	return 0
 }
 
 var _ = (fs.FileFsyncer)((*fileHandle)(nil))
@@ -209,16 +221,15 @@ var _ = (fs.FileReleaser)((*fileHandle)(nil))
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	ctx = uninterruptible(ctx)
 	if h.writable {
-		// The kernel's pages hold what we wrote: record the file's new size and
-		// mtime so the next open keeps them.
-		if a, err := h.f.Stat(ctx); err == nil {
-			h.n.mu.Lock()
-			h.n.seen, h.n.seenValid = a, true
-			h.n.mu.Unlock()
-		}
+		err := h.f.Close(ctx)
+		// The kernel's pages hold what we wrote: record the file's size and mtime
+		// (as the last flush found them) so that the next open keeps them.
+		a := h.localAttr()
 		h.n.mu.Lock()
+		h.n.seen, h.n.seenValid = a, true
 		delete(h.n.writers, h)
 		h.n.mu.Unlock()
+		return h.n.fsys.toErrno(err)
 	}
 	return h.n.fsys.toErrno(h.f.Close(ctx))
 }

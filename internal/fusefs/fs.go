@@ -20,6 +20,9 @@ import (
 
 // Options are the FUSE-side settings of a mount.
 type Options struct {
+	// CacheDirs lets the kernel keep directory listings while they are unchanged
+	// (with the memory caches on).
+	CacheDirs          bool
 	FsName             string
 	AllowOther         bool
 	DefaultPermissions bool
@@ -38,6 +41,7 @@ type FS struct {
 	mountTime time.Time
 	uid, gid  uint32
 	root      *node
+	cacheDirs bool
 }
 
 // New prepares the file system for table.
@@ -64,6 +68,7 @@ func New(table *mux.Table, log *slog.Logger) *FS {
 
 // Mount mounts the file system at mountpoint and returns the running server.
 func (f *FS) Mount(mountpoint string, o Options) (*fuse.Server, error) {
+	f.cacheDirs = o.CacheDirs
 	var fuseOpts []string
 	if o.DefaultPermissions {
 		fuseOpts = append(fuseOpts, "default_permissions")

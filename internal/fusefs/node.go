@@ -29,6 +29,9 @@ type node struct {
 	seen      backend.Attr
 	seenValid bool
 	writers   map[*fileHandle]struct{}
+
+	// For a directory: the checksum of the listing the kernel may have cached.
+	listingSum uint64
 }
 
 func (n *node) nlinkNow() uint32 {
