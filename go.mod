@@ -5,7 +5,9 @@ go 1.26.8
 require (
 	github.com/BurntSushi/toml v1.6.0
 	github.com/hanwen/go-fuse/v2 v2.12.1
+	github.com/pkg/sftp v1.13.12
 	github.com/spf13/cobra v1.10.2
+	golang.org/x/sync v0.24.0
 	golang.org/x/sys v0.49.0
 	golang.org/x/term v0.47.0
 )
@@ -13,7 +15,6 @@ require (
 require (
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/kr/fs v0.1.0 // indirect
-	github.com/pkg/sftp v1.13.12 // indirect
 	github.com/spf13/pflag v1.0.9 // indirect
 	golang.org/x/crypto v0.54.0 // indirect
 )

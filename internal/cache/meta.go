@@ -4,11 +4,14 @@ package cache
 
 import (
 	"context"
+	"fmt"
 	"path"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 
 	"github.com/muxfs/muxfs/internal/backend"
 )
@@ -25,6 +28,8 @@ type Meta struct {
 	attrs   map[key]attrEntry
 	dirs    map[key]*dirEntry
 	entries int // attrs plus listed names
+	flight  singleflight.Group
+
 	// gens are bumped by every invalidation (hashed by path): an answer fetched while
 	// a change was made is not stored, as it may predate the change.
 	gens [256]uint64
@@ -259,16 +264,33 @@ func (s *Source) ReadDir(ctx context.Context, p string) ([]backend.Entry, error)
 		}
 		return list, nil
 	}
-	stamp := s.meta.stamp(s.id, p)
-	list, err := s.Backend.ReadDir(ctx, p)
+	list, err := s.fetchListing(ctx, p)
 	if err != nil {
 		return nil, err
 	}
-	s.meta.putListing(s.id, p, list, now, stamp)
 	if s.prefetch != nil {
 		s.prefetch.children(s, p, list)
 	}
 	return list, nil
+}
+
+// fetchListing lists p on the source and caches the answer. Concurrent fetches of one
+// directory (a walk reaching a directory that is being listed ahead) share one request.
+func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, error) {
+	v, err, _ := s.meta.flight.Do(fmt.Sprintf("%d\x00%s", s.id, p), func() (any, error) {
+		now := time.Now()
+		stamp := s.meta.stamp(s.id, p)
+		list, err := s.Backend.ReadDir(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		s.meta.putListing(s.id, p, list, now, stamp)
+		return list, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.([]backend.Entry), nil
 }
 
 // Refresh drops everything cached at or below p.

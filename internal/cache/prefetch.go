@@ -59,16 +59,12 @@ func (pf *Prefetcher) children(s *Source, dir string, list []backend.Entry) {
 			}()
 			pf.slots <- struct{}{}
 			defer func() { <-pf.slots }()
-			now := time.Now()
-			if _, ok := s.meta.listing(s.id, p, now); ok {
+			if _, ok := s.meta.listing(s.id, p, time.Now()); ok {
 				return
 			}
-			stamp := s.meta.stamp(s.id, p)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			if sub, err := s.Backend.ReadDir(ctx, p); err == nil {
-				s.meta.putListing(s.id, p, sub, now, stamp)
-			}
+			s.fetchListing(ctx, p) //nolint:errcheck // a failed prefetch leaves the walk to ask itself
 		}()
 	}
 }

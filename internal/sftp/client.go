@@ -619,18 +619,49 @@ func (c *Client) ReadDir(ctx context.Context, path string) ([]NameEntry, error) 
 	if err != nil {
 		return nil, err
 	}
+	// READDIRs go out two at a time: most directories fit in one reply, and the
+	// second request's EOF then arrives with it instead of a round trip later. The
+	// server answers requests on one handle in order.
 	var all []NameEntry
-	for {
-		b, id := c.pathRequest(fxpReaddir, h)
-		batch, err := c.expectNames(ctx, "readdir", b, id, path)
-		if IsStatus(err, StatusEOF) {
-			break
+	eof := false
+	for !eof {
+		var calls []*call
+		for i := 0; i < 2; i++ {
+			b, id := c.pathRequest(fxpReaddir, h)
+			k, err := c.start(b, id)
+			if err != nil {
+				return nil, err
+			}
+			calls = append(calls, k)
 		}
-		if err != nil {
+		var firstErr error
+		for _, k := range calls {
+			r, err := k.wait(ctx)
+			if err == nil && r.typ != fxpName {
+				err = status(r, "readdir", path)
+			}
+			if IsStatus(err, StatusEOF) {
+				eof = true
+				continue
+			}
+			if err != nil {
+				if firstErr == nil {
+					firstErr = err
+				}
+				continue
+			}
+			batch, err := parseNames(r.data)
+			if err != nil && firstErr == nil {
+				firstErr = fmt.Errorf("sftp readdir %s: %w", path, err)
+			}
+			if !eof {
+				all = append(all, batch...)
+			}
+		}
+		if firstErr != nil {
 			c.CloseAsync(h)
-			return nil, err
+			return nil, firstErr
 		}
-		all = append(all, batch...)
 	}
 	c.CloseAsync(h)
 	return all, nil
