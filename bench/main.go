@@ -5,6 +5,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -34,7 +35,7 @@ func main() {
 		wlList   = flag.String("workloads", "seq,rand,tree,untar,build", "workloads to run")
 		rttList  = flag.String("rtt", "0,2,20", "added round-trip times in ms")
 		reps     = flag.Int("reps", 3, "repetitions of each measurement (median reported)")
-		seqMiB   = flag.Int("seq-mib", 256, "size of the sequential I/O file in MiB")
+		seqMiB   = flag.Int("seq-mib", 128, "size of the sequential I/O file in MiB")
 		out      = flag.String("out", "docs/benchmarks.md", "markdown report to write")
 		charts   = flag.String("charts", "docs/bench", "directory for PNG charts")
 		muxfsBin = flag.String("muxfs", "", "muxfs binary (default: build ./cmd/muxfs)")
@@ -94,9 +95,16 @@ func main() {
 				continue
 			}
 			for _, sys := range systems {
-				if selected(*sysList, sys.name) {
-					b.measure(w, sys, rtt)
+				if !selected(*sysList, sys.name) {
+					continue
 				}
+				if w.skip != nil {
+					if why := w.skip(sys.name, rtt); why != "" {
+						b.results.fail(rtt, w.name, sys.name, errors.New(why))
+						continue
+					}
+				}
+				b.measure(w, sys, rtt)
 			}
 			if w.name == "seq" {
 				b.rawStream(rtt)

@@ -95,6 +95,9 @@ func (s *store) cell(rtt time.Duration, w, m, sys string) string {
 	v := s.values[cellKey{rtt, w, m, sys}]
 	if len(v) == 0 {
 		if e, ok := s.errors[cellKey{rtt, w, "", sys}]; ok && e != "" {
+			if strings.HasPrefix(e, "not run") {
+				return "not run"
+			}
 			return "fails"
 		}
 		return "–"
