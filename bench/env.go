@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/Shopify/toxiproxy/v2"
@@ -97,11 +99,24 @@ func dropCaches() {
 	os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0o200) //nolint:errcheck // not root: cold means fresh mounts only
 }
 
+// commandLimit ends a command that takes longer: a hung mount (rclone's grep -r over
+// the tree once sat at 0% CPU for 12 minutes) must cost one failed cell, not the run.
+const commandLimit = 5 * time.Minute
+
 // sh runs a shell command and returns its wall-clock time.
 func sh(script string) (time.Duration, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), commandLimit)
+	defer cancel()
 	start := time.Now()
-	out, err := exec.Command("/bin/sh", "-c", script).CombinedOutput()
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", script)
+	// At the limit, kill the whole pipeline, not only the shell.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	out, err := cmd.CombinedOutput()
 	d := time.Since(start)
+	if ctx.Err() != nil {
+		return d, string(out), fmt.Errorf("%s: no result after %v", script, commandLimit)
+	}
 	if err != nil {
 		return d, string(out), fmt.Errorf("%s: %v: %s", script, err, tail(string(out)))
 	}

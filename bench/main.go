@@ -40,6 +40,7 @@ func main() {
 		charts   = flag.String("charts", "docs/bench", "directory for PNG charts")
 		muxfsBin = flag.String("muxfs", "", "muxfs binary (default: build ./cmd/muxfs)")
 		keep     = flag.Bool("keep", false, "keep the working directory")
+		fromLog  = flag.String("from-log", "", "write the report from this run log instead of measuring")
 	)
 	flag.Parse()
 	log.SetFlags(log.Ltime)
@@ -57,6 +58,17 @@ func main() {
 			log.Fatalf("bad -rtt %q", f)
 		}
 		rtts = append(rtts, time.Duration(ms)*time.Millisecond)
+	}
+	if *fromLog != "" {
+		s, err := loadLog(*fromLog)
+		if err != nil {
+			log.Fatal(err)
+		}
+		cmdline := "bench/run.sh -from-log " + *fromLog
+		if err := s.report(*out, *charts, cmdline, rtts, 0); err != nil {
+			log.Fatal(err)
+		}
+		return
 	}
 	for _, tool := range []string{"fio", "sshfs", "rclone", "sshd", "make", "cc"} {
 		if _, err := exec.LookPath(tool); err != nil && tool != "sshd" {

@@ -9,8 +9,10 @@ echo "== gofmt, go vet, staticcheck"
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 if [ -n "$unformatted" ]; then echo "gofmt would change: $unformatted" >&2; exit 1; fi
 go vet ./...
+(cd bench && go vet ./...)
 command -v staticcheck >/dev/null || go install honnef.co/go/tools/cmd/staticcheck@v0.8.2
 staticcheck ./...
+(cd bench && staticcheck ./...)
 
 echo "== unit tests (race detector)"
 go test -race -count=1 ./internal/... ./cmd/...

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A measurement line of the run's log: "15:04:05 2ms tree muxfs rep 1: find cold=1.2s ...",
+// and a failure: "15:04:05 0s tree rclone: <error>".
+var (
+	repLine  = regexp.MustCompile(`^\S+ (\S+) (\S+) (\S+) rep \d+: (.*)$`)
+	failLine = regexp.MustCompile(`^\S+ (\S+) (\S+) (\S+): (.*)$`)
+	valueRe  = regexp.MustCompile(`([A-Za-z -]+)=([0-9.e+]+)(MB/s|IOPS|files/s|s)`)
+)
+
+// loadLog rebuilds the results of a run from its log, so that a report can be written
+// for a run that was stopped before it ended. Values carry the log's 3 significant
+// digits.
+func loadLog(file string) (*store, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	s := newStore()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if m := repLine.FindStringSubmatch(line); m != nil {
+			rtt, err := time.ParseDuration(m[1])
+			if err != nil {
+				continue
+			}
+			for _, v := range valueRe.FindAllStringSubmatch(m[4], -1) {
+				x, err := strconv.ParseFloat(v[2], 64)
+				if err != nil {
+					continue
+				}
+				s.add(rtt, m[2], m[3], result{metric: strings.TrimSpace(v[1]), unit: v[3], value: x, higher: v[3] != "s"})
+			}
+			continue
+		}
+		if m := failLine.FindStringSubmatch(line); m != nil && isWorkload(m[2]) {
+			if rtt, err := time.ParseDuration(m[1]); err == nil {
+				s.fail(rtt, m[2], m[3], errors.New(m[4]))
+			}
+		}
+	}
+	return s, sc.Err()
+}
+
+func isWorkload(name string) bool {
+	for _, w := range workloads {
+		if w.name == name {
+			return true
+		}
+	}
+	return false
+}
