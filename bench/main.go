@@ -253,7 +253,9 @@ func (b *bench) rawStream(rtt time.Duration) {
 				var d time.Duration
 				d, _, err = sh(fmt.Sprintf("%s cat %s > /dev/null", ssh, file))
 				if err == nil {
-					b.results.add(rtt, "seq", v.name, result{"read", "MB/s", float64(b.seqMiB<<20) / mb / (d - setup).Seconds(), true})
+					r := result{"read", "MB/s", float64(b.seqMiB<<20) / mb / (d - setup).Seconds(), true}
+					b.results.add(rtt, "seq", v.name, r)
+					log.Printf("%v seq %s rep %d: %s", rtt, v.name, rep+1, summary([]result{r}))
 				}
 			}
 			if err != nil {
