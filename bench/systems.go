@@ -1,13 +1,14 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/muxfs/muxfs/internal/mountinfo"
 )
 
 // system is one way of reaching the server's files.
@@ -63,20 +64,7 @@ func run(name string, args ...string) error {
 	return nil
 }
 
-func isMounted(mp string) bool {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if fields := strings.Fields(sc.Text()); len(fields) > 4 && fields[4] == mp {
-			return true
-		}
-	}
-	return false
-}
+func isMounted(mp string) bool { return mountinfo.IsMounted(mp) }
 
 func waitMounted(mp string) error {
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/muxfs/muxfs/internal/mountinfo"
 	"github.com/muxfs/muxfs/internal/sshd"
 )
 
@@ -169,21 +169,7 @@ func unmountQuietly(mp string) {
 	}
 }
 
-func isMounted(mp string) bool {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && fields[4] == mp {
-			return true
-		}
-	}
-	return false
-}
+func isMounted(mp string) bool { return mountinfo.IsMounted(mp) }
 
 // run runs a shell command (a separate process, as a user would) and returns its
 // combined output; it fails the test on error.

@@ -25,6 +25,7 @@ import (
 	"github.com/muxfs/muxfs/internal/config"
 	"github.com/muxfs/muxfs/internal/control"
 	"github.com/muxfs/muxfs/internal/fusefs"
+	"github.com/muxfs/muxfs/internal/mountinfo"
 	"github.com/muxfs/muxfs/internal/mux"
 )
 
@@ -120,7 +121,7 @@ func checkMountpoint(mp string, nonEmpty bool) (string, error) {
 	if real, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = real
 	}
-	if mounted, err := isMountpoint(abs); err == nil && mounted {
+	if mountinfo.IsMounted(abs) {
 		return "", fmt.Errorf("%s is already a mount point: unmount it first (`muxfs umount %s`) or choose another directory", mp, mp)
 	}
 	if !nonEmpty {
@@ -135,42 +136,6 @@ func checkMountpoint(mp string, nonEmpty bool) (string, error) {
 		}
 	}
 	return abs, nil
-}
-
-// isMountpoint reports whether dir is listed in /proc/self/mountinfo.
-func isMountpoint(dir string) (bool, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && unescapeMountinfo(fields[4]) == dir {
-			return true, nil
-		}
-	}
-	return false, sc.Err()
-}
-
-// unescapeMountinfo undoes the kernel's octal escapes (\040 for space, ...).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // startBackground re-runs muxfs as a detached child and waits until it reports the

@@ -4,11 +4,12 @@ import (
 	"testing"
 
 	"github.com/muxfs/muxfs/internal/config"
+	"github.com/muxfs/muxfs/internal/mountinfo"
 )
 
 func TestUnescapeMountinfo(t *testing.T) {
 	for in, want := range map[string]string{`/a\040b`: "/a b", `/tab\011x`: "/tab\tx", `/plain`: "/plain", `/bad\9`: `/bad\9`} {
-		if got := unescapeMountinfo(in); got != want {
+		if got := mountinfo.Unescape(in); got != want {
 			t.Errorf("%q: got %q, want %q", in, got, want)
 		}
 	}

@@ -1,15 +1,13 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/muxfs/muxfs/internal/control"
+	"github.com/muxfs/muxfs/internal/mountinfo"
 )
 
 func newRefresh() *cobra.Command {
@@ -58,21 +56,15 @@ func findMount(p string) (mountpoint, inside string, err error) {
 
 // muxfsMounts lists the mount points of type fuse.muxfs.
 func muxfsMounts() (map[string]bool, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	all, err := mountinfo.Mounts()
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	out := map[string]bool{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		// Fields after the "-" separator: fstype, source, options.
-		for i, fld := range fields {
-			if fld == "-" && i+1 < len(fields) && fields[i+1] == "fuse.muxfs" && len(fields) > 4 {
-				out[unescapeMountinfo(fields[4])] = true
-			}
+	for dir, fstype := range all {
+		if fstype == "fuse.muxfs" {
+			out[dir] = true
 		}
 	}
-	return out, sc.Err()
+	return out, nil
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/muxfs/muxfs/internal/mountinfo"
 )
 
 func newUmount() *cobra.Command {
@@ -28,7 +30,7 @@ func umount(mp string, lazy bool) error {
 	if err != nil {
 		return err
 	}
-	if mounted, err := isMountpoint(abs); err == nil && !mounted {
+	if !mountinfo.IsMounted(abs) {
 		return fmt.Errorf("%s is not mounted", mp)
 	}
 	args := []string{"-u"}

@@ -190,6 +190,17 @@ func (c *Config) applyOption(key, val string, hasVal bool) error {
 		*dst = true
 		return nil
 	}
+	yesNo := func(dst *bool) error {
+		switch val {
+		case "yes":
+			*dst = true
+		case "no":
+			*dst = false
+		default:
+			return fmt.Errorf("option -o %s=%s: want yes or no", key, val)
+		}
+		return nil
+	}
 	seconds := func(dst *time.Duration) error {
 		if err := needVal(); err != nil {
 			return err
@@ -243,23 +254,9 @@ func (c *Config) applyOption(key, val string, hasVal bool) error {
 		}
 		o.MaxConns = n
 	case "cache":
-		switch val {
-		case "yes":
-			o.Cache = true
-		case "no":
-			o.Cache = false
-		default:
-			return fmt.Errorf("option -o cache=%s: want yes or no", val)
-		}
+		return yesNo(&o.Cache)
 	case "dir_cache":
-		switch val {
-		case "yes":
-			o.DirCache = true
-		case "no":
-			o.DirCache = false
-		default:
-			return fmt.Errorf("option -o dir_cache=%s: want yes or no", val)
-		}
+		return yesNo(&o.DirCache)
 	case "cache_timeout":
 		return seconds(&o.CacheTimeout)
 	case "entry_timeout":

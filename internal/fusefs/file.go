@@ -92,16 +92,21 @@ func (n *node) addHandle(f backend.File, flags int) *fileHandle {
 	return h
 }
 
-// writersAttr returns the file's attributes as the handles writing it have made them,
-// or ok false when no handle is writing.
-func (n *node) writersAttr() (a backend.Attr, ok bool) {
+// writerHandles is a copy of the set of handles open for writing.
+func (n *node) writerHandles() []*fileHandle {
 	n.mu.Lock()
+	defer n.mu.Unlock()
 	hs := make([]*fileHandle, 0, len(n.writers))
 	for h := range n.writers {
 		hs = append(hs, h)
 	}
-	n.mu.Unlock()
-	for _, h := range hs {
+	return hs
+}
+
+// writersAttr returns the file's attributes as the handles writing it have made them,
+// or ok false when no handle is writing.
+func (n *node) writersAttr() (a backend.Attr, ok bool) {
+	for _, h := range n.writerHandles() {
 		ha := h.localAttr()
 		if !ok || ha.Size > a.Size {
 			a, ok = ha, true
@@ -112,13 +117,7 @@ func (n *node) writersAttr() (a backend.Attr, ok bool) {
 
 // flushWriters waits for the writes of every handle open for writing on this node.
 func (n *node) flushWriters(ctx context.Context) syscall.Errno {
-	n.mu.Lock()
-	hs := make([]*fileHandle, 0, len(n.writers))
-	for h := range n.writers {
-		hs = append(hs, h)
-	}
-	n.mu.Unlock()
-	for _, h := range hs {
+	for _, h := range n.writerHandles() {
 		if err := h.f.Flush(ctx); err != nil {
 			return n.fsys.toErrno(err)
 		}
