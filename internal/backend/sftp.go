@@ -64,9 +64,6 @@ func (s *SFTP) log(format string, args ...any) {
 	s.pool.log.Warn(fmt.Sprintf(format, args...), "source", s.name)
 }
 
-// Root is the absolute remote directory of this source.
-func (s *SFTP) Root() string { return s.root }
-
 func (s *SFTP) abs(p string) string {
 	if p == "" {
 		return s.root
@@ -533,7 +530,7 @@ func (s *SFTP) Open(ctx context.Context, p string, flags int, mode uint32) (File
 	if flags&os.O_CREATE != 0 {
 		a = sftp.Attrs{Flags: sftp.AttrPermissions, Mode: mode & 07777}
 	}
-	h, at, err := c.OpenChecked(ctx, s.abs(p), openFlags(flags), a)
+	h, at, err := c.OpenAndLstat(ctx, s.abs(p), openFlags(flags), a)
 	var check *sftp.PendingAttrs
 	if err == nil {
 		check, err = s.startCheck(c, h, at)

@@ -418,16 +418,3 @@ func (p *Pool) redial(ctx context.Context) (*sftp.Client, error) {
 	p.sessions = append(p.sessions, s)
 	return s.client, nil
 }
-
-// Sessions is the number of live sessions.
-func (p *Pool) Sessions() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, s := range p.sessions {
-		if s.client.Err() == nil {
-			n++
-		}
-	}
-	return n
-}

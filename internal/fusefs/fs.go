@@ -3,7 +3,6 @@ package fusefs
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"slices"
@@ -207,5 +206,3 @@ func (f *FS) toErrno(err error) syscall.Errno {
 	}
 	return errno
 }
-
-func (f *FS) String() string { return fmt.Sprintf("muxfs(%d layers)", len(f.table.Layers())) }

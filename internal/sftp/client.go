@@ -482,11 +482,11 @@ func (c *Client) Open(ctx context.Context, path string, pflags uint32, a Attrs) 
 	return c.expectHandle(ctx, "open", b, id, path)
 }
 
-// OpenChecked opens path like Open and, pipelined behind the OPEN, lstats it. SFTP v3
+// OpenAndLstat opens path like Open and, pipelined behind the OPEN, lstats it. SFTP v3
 // has no O_NOFOLLOW: if path was swapped for a symlink, OPEN followed it, and the
 // caller can tell from the returned attributes (those of path itself, just after the
 // open) and refuse the handle.
-func (c *Client) OpenChecked(ctx context.Context, path string, pflags uint32, a Attrs) (string, Attrs, error) {
+func (c *Client) OpenAndLstat(ctx context.Context, path string, pflags uint32, a Attrs) (string, Attrs, error) {
 	b, id := c.pathRequest(fxpOpen, path)
 	b.u32(pflags)
 	b.attrs(&a)
