@@ -98,6 +98,6 @@ func newRoot() *cobra.Command {
 	f.BoolVarP(&mf.debug, "debug", "d", false, "debug output (implies -f)")
 	f.StringVar(&mf.configFile, "config", "", "TOML config file with the mount table")
 	f.BoolVarP(&mf.version, "version", "V", false, "print the version")
-	root.AddCommand(newUmount(), newDemo(), newRefresh())
+	root.AddCommand(newUmount(), newDemo(), newRefresh(), newStatus())
 	return root
 }

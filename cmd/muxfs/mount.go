@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/term"
 
@@ -240,6 +241,15 @@ type mounted struct {
 	server   *fuse.Server
 	backends []backend.Backend
 	pools    []*backend.Pool
+	started  time.Time
+	status   []statusSource
+}
+
+// statusSource is what `muxfs status` reports on for one source.
+type statusSource struct {
+	at    string
+	b     backend.Backend
+	cache *cache.Source // nil with the caches off
 }
 
 func (m *mounted) close() {
@@ -251,10 +261,34 @@ func (m *mounted) close() {
 	}
 }
 
+// mountStatus is the reply to `muxfs status`.
+type mountStatus struct {
+	Mountpoint string                 `json:"mountpoint"`
+	PID        int                    `json:"pid"`
+	Uptime     float64                `json:"uptime_s"`
+	Sources    []backend.SourceStatus `json:"sources"`
+}
+
+func (m *mounted) report(mp string) mountStatus {
+	out := mountStatus{Mountpoint: mp, PID: os.Getpid(), Uptime: time.Since(m.started).Seconds()}
+	for _, ss := range m.status {
+		st := backend.SourceStatus{Source: ss.b.String(), State: "up"}
+		if r, ok := ss.b.(backend.Reporter); ok {
+			st = r.Status()
+		}
+		st.At = ss.at
+		if ss.cache != nil {
+			st.CacheHits, st.CacheMisses = ss.cache.Stats()
+		}
+		out.Sources = append(out.Sources, st)
+	}
+	return out
+}
+
 // openBackends connects every source, behind the memory caches unless they are off; on
 // failure everything opened is closed again.
 func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger) (*mux.Table, *mounted, error) {
-	m := &mounted{}
+	m := &mounted{started: time.Now()}
 	pools := map[string]*backend.Pool{}
 	var meta *cache.Meta
 	var prefetch *cache.Prefetcher
@@ -275,8 +309,14 @@ func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger) (*m
 				return nil, nil, err
 			}
 			m.backends = append(m.backends, b)
+			ss := statusSource{at: mt.Path, b: b}
 			if meta != nil {
-				b = cache.Wrap(b, id, meta, prefetch)
+				ss.cache = cache.Wrap(b, id, meta, prefetch)
+				b = ss.cache
+			}
+			m.status = append(m.status, ss)
+			if st, ok := m.backends[len(m.backends)-1].(interface{ State() backend.State }); ok && len(mt.Sources) > 1 && !src.FailClosed {
+				b = mux.NewDegraded(b, st.State, log)
 			}
 			layer.Branches = append(layer.Branches, &mux.Branch{ID: id, Backend: b,
 				ReadOnly: src.ReadOnly || cfg.Options.ReadOnly, NoCreate: src.NoCreate})
@@ -300,11 +340,41 @@ func openSource(ctx context.Context, cfg *config.Config, src config.Source, pool
 		}
 		return b, nil
 	}
+	var members []backend.Member
+	var firstErr error
+	for _, ms := range append([]config.Source{src}, src.Replicas...) {
+		pool, err := openPool(ctx, cfg, src, ms, pools, m, log)
+		if err != nil {
+			if len(src.Replicas) == 0 {
+				return nil, err
+			}
+			// A replica set starts with the members it can reach; the others
+			// join when their server answers.
+			if firstErr == nil {
+				firstErr = err
+			}
+			log.Warn("replica unreachable at mount; it joins when it answers", "member", ms.Raw, "err", err)
+			pool = backend.NewDownPool(endpoint(cfg, src, ms), err, log)
+			m.pools = append(m.pools, pool)
+			pool.Acquire()
+		}
+		members = append(members, backend.Member{Pool: pool, Dir: ms.Dir})
+	}
+	b, err := backend.NewSFTP(ctx, members, cfg.Options.Timeout, log)
+	if err != nil && firstErr != nil {
+		return nil, firstErr
+	}
+	return b, err
+}
+
+// endpoint is how to reach member ms of source src: the source's ssh settings (which
+// its replicas share) over the global ones.
+func endpoint(cfg *config.Config, src, ms config.Source) *backend.Endpoint {
 	o := cfg.Options
 	ep := &backend.Endpoint{
-		Host: src.Host, User: src.User, Port: src.Port,
+		Host: ms.Host, User: ms.User, Port: ms.Port,
 		SSHCommand: o.SSHCommand, ConfigFile: o.ConfigFile, SFTPServer: o.SFTPServer,
-		MaxConns: o.MaxConns,
+		MaxConns: o.MaxConns, Timeout: o.Timeout,
 	}
 	if ep.Port == 0 {
 		ep.Port = o.Port
@@ -317,18 +387,24 @@ func openSource(ctx context.Context, cfg *config.Config, src config.Source, pool
 	}
 	ep.SSHOptions = append(ep.SSHOptions, src.SSHOptions...)
 	ep.SSHOptions = append(ep.SSHOptions, o.SSHOptions...)
-	pool := pools[ep.Key()]
-	if pool == nil {
-		var err error
-		pool, err = backend.Dial(ctx, ep, log)
-		if err != nil {
-			return nil, err
-		}
-		pool.Acquire()
-		pools[ep.Key()] = pool
-		m.pools = append(m.pools, pool)
+	return ep
+}
+
+// openPool returns the session pool for member ms, shared with every source on the same
+// endpoint.
+func openPool(ctx context.Context, cfg *config.Config, src, ms config.Source, pools map[string]*backend.Pool, m *mounted, log *slog.Logger) (*backend.Pool, error) {
+	ep := endpoint(cfg, src, ms)
+	if pool := pools[ep.Key()]; pool != nil {
+		return pool, nil
 	}
-	return backend.NewSFTP(ctx, pool, src.Dir)
+	pool, err := backend.Dial(ctx, ep, log)
+	if err != nil {
+		return nil, err
+	}
+	pool.Acquire()
+	pools[ep.Key()] = pool
+	m.pools = append(m.pools, pool)
+	return pool, nil
 }
 
 // fsName is what df shows as the device: the first source, and how many more.
@@ -396,13 +472,15 @@ func serve(cfg *config.Config, onReady func(mp string) error) error {
 		return fail(mountError(cfg.Mountpoint, err))
 	}
 	m.server = server
-	stopControl, err := control.Serve(cfg.Mountpoint, func(req control.Request) error {
+	stopControl, err := control.Serve(cfg.Mountpoint, func(req control.Request) (any, error) {
 		switch req.Op {
 		case "refresh":
 			log.Info("refresh", "path", req.Path)
-			return fsys.Refresh(req.Path)
+			return nil, fsys.Refresh(req.Path)
+		case "status":
+			return m.report(cfg.Mountpoint), nil
 		}
-		return fmt.Errorf("unknown request %q", req.Op)
+		return nil, fmt.Errorf("unknown request %q", req.Op)
 	})
 	if err != nil {
 		log.Warn("no control socket: muxfs refresh will not reach this mount", "err", err)

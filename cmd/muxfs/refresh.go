@@ -21,7 +21,7 @@ func newRefresh() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if err := control.Call(mp, control.Request{Op: "refresh", Path: inside}); err != nil {
+				if _, err := control.Call(mp, control.Request{Op: "refresh", Path: inside}); err != nil {
 					return err
 				}
 			}

@@ -14,6 +14,8 @@ import (
 	"io/fs"
 	"syscall"
 	"time"
+
+	"github.com/muxfs/muxfs/internal/sftp"
 )
 
 // Attr is what muxfs knows of a file: the parts of struct stat an SFTP v3 server sends.
@@ -129,7 +131,19 @@ func (e *Error) Error() string {
 	return msg
 }
 
-func (e *Error) Unwrap() error { return e.Errno }
+// Unwrap gives the errno first (ToErrno takes the first it finds), then the cause.
+func (e *Error) Unwrap() []error {
+	if e.Cause == nil {
+		return []error{e.Errno}
+	}
+	return []error{e.Errno, e.Cause}
+}
+
+// IsUnavailable reports whether err means the source could not be reached or did not
+// answer in time, rather than an answer about the file.
+func IsUnavailable(err error) bool {
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, sftp.ErrClosed) || errors.Is(err, context.DeadlineExceeded)
+}
 
 // ToErrno returns the errno for err: the one a backend chose, or one derived from
 // context and io errors. Unknown errors are EIO: an I/O problem the caller cannot fix.

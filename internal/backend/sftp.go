@@ -4,79 +4,222 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"log/slog"
 	"os"
 	"path"
-	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/muxfs/muxfs/internal/sftp"
 )
 
-// SFTP is a source reached over SFTP: one directory of one endpoint.
+// SFTP is a source reached over SFTP: one directory of one endpoint, or a replica set —
+// the same storage behind several endpoints (members). Requests that only read go to
+// the least busy member that is up; changes go to one member at a time (the writer),
+// so that they stay ordered; when a member fails, its requests move to another.
 type SFTP struct {
-	pool *Pool
-	root string // absolute remote directory
-	name string
+	members []*member
+	name    string
+	timeout time.Duration
+	log     *slog.Logger
 
 	posixRename, hardlink, lsetstat, statvfs, fsync bool
+
+	writer   atomic.Int32  // index of the member that takes changes
+	rr       atomic.Uint32 // rotates the first choice among equally busy members
+	errs     atomic.Int64  // requests that failed for another reason than a missing name
+	retries  atomic.Int64  // requests sent again after a lost connection
+	reopened atomic.Int64  // open files moved to a new session
 }
 
-// NewSFTP returns the source dir (empty: the login directory) on the pool's endpoint.
-// It checks that the directory exists, so that a typo fails the mount, not the first
-// ls.
-func NewSFTP(ctx context.Context, pool *Pool, dir string) (*SFTP, error) {
-	c, err := pool.Get(ctx)
-	if err != nil {
-		return nil, err
+// member is one way to the source's storage: a server's pool and the directory there.
+type member struct {
+	pool *Pool
+	root string // absolute remote directory, or a path relative to the login directory
+	name string
+}
+
+func (m *member) abs(p string) string {
+	switch {
+	case p == "":
+		return m.root
+	case m.root == "/":
+		return "/" + p
 	}
+	return m.root + "/" + p
+}
+
+// Member is one endpoint of a source and its directory there ("" is the login
+// directory).
+type Member struct {
+	Pool *Pool
+	Dir  string
+}
+
+// NewSFTP returns a source made of one or more members (several: a replica set).
+// Each reachable member's directory is checked, so that a typo fails the mount, not
+// the first ls; at least one member must be reachable. timeout bounds every request,
+// its reconnects and retries included (0: no bound).
+func NewSFTP(ctx context.Context, members []Member, timeout time.Duration, log *slog.Logger) (*SFTP, error) {
+	s := &SFTP{timeout: timeout, log: log}
+	var caps *sftp.Client
+	for _, mb := range members {
+		m, c, err := newMember(ctx, mb)
+		if err != nil {
+			return nil, err
+		}
+		if caps == nil && c != nil {
+			caps = c
+		}
+		s.members = append(s.members, m)
+	}
+	if caps == nil {
+		return nil, fmt.Errorf("no member of %s is reachable — check the servers", members[0].Pool.ep.String())
+	}
+	for _, m := range s.members {
+		m.pool.Acquire()
+	}
+	s.name = s.members[0].name
+	if len(s.members) > 1 {
+		s.name += fmt.Sprintf(" (+%d replicas)", len(s.members)-1)
+	}
+	s.posixRename = caps.HasExtension("posix-rename@openssh.com")
+	s.hardlink = caps.HasExtension("hardlink@openssh.com")
+	s.lsetstat = caps.HasExtension("lsetstat@openssh.com")
+	s.statvfs = caps.HasExtension("statvfs@openssh.com")
+	s.fsync = caps.HasExtension("fsync@openssh.com")
+	return s, nil
+}
+
+// newMember checks a member's directory. A member whose server is down (a replica
+// set may start with one) keeps the directory as given; the server resolves a
+// relative one against the login directory once it is back.
+func newMember(ctx context.Context, mb Member) (*member, *sftp.Client, error) {
+	ep := mb.Pool.ep.String()
+	dir := mb.Dir
 	if dir == "" {
 		dir = "."
 	}
+	m := &member{pool: mb.Pool, root: path.Clean(dir), name: ep + ":" + dir}
+	if mb.Pool.State() != StateUp {
+		return m, nil, nil
+	}
+	c, err := mb.Pool.Get(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
 	root, err := c.Realpath(ctx, dir)
 	if err != nil {
-		return nil, fmt.Errorf("remote directory %s:%s does not exist or cannot be reached (%v) — check the path", pool.ep.String(), dir, err)
+		return nil, nil, fmt.Errorf("remote directory %s:%s does not exist or cannot be reached (%v) — check the path", ep, dir, err)
 	}
 	a, err := c.Stat(ctx, root)
 	if err != nil {
-		return nil, fmt.Errorf("remote directory %s:%s does not exist (%v) — check the path", pool.ep.String(), dir, err)
+		return nil, nil, fmt.Errorf("remote directory %s:%s does not exist (%v) — check the path", ep, dir, err)
 	}
 	if a.Mode&syscall.S_IFMT != syscall.S_IFDIR {
-		return nil, fmt.Errorf("%s:%s is not a directory — give a directory as the source", pool.ep.String(), dir)
+		return nil, nil, fmt.Errorf("%s:%s is not a directory — give a directory as the source", ep, dir)
 	}
-	pool.Acquire()
-	return &SFTP{
-		pool:        pool,
-		root:        root,
-		name:        pool.ep.String() + ":" + root,
-		posixRename: c.HasExtension("posix-rename@openssh.com"),
-		hardlink:    c.HasExtension("hardlink@openssh.com"),
-		lsetstat:    c.HasExtension("lsetstat@openssh.com"),
-		statvfs:     c.HasExtension("statvfs@openssh.com"),
-		fsync:       c.HasExtension("fsync@openssh.com"),
-	}, nil
+	m.root, m.name = root, ep+":"+root
+	return m, c, nil
 }
 
 func (s *SFTP) String() string { return s.name }
 
-func (s *SFTP) log(format string, args ...any) {
-	s.pool.log.Warn(fmt.Sprintf(format, args...), "source", s.name)
-}
-
-func (s *SFTP) abs(p string) string {
-	if p == "" {
-		return s.root
-	}
-	if s.root == "/" {
-		return "/" + p
-	}
-	return s.root + "/" + p
+func (s *SFTP) warn(format string, args ...any) {
+	s.log.Warn(fmt.Sprintf(format, args...), "source", s.name)
 }
 
 func (s *SFTP) Close() error {
-	s.pool.Release()
+	for _, m := range s.members {
+		m.pool.Release()
+	}
 	return nil
+}
+
+// deadline bounds a request, with its reconnects and retries, by the source's
+// timeout: a caller gets an error then, never an endless wait.
+func (s *SFTP) deadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.timeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+// maxAttempts bounds how often one request is sent again after lost connections, so
+// that a request that itself kills the server's process is not repeated forever.
+const maxAttempts = 3
+
+// connLost reports whether err means the session ended under the request: the
+// request may be sent again on another session.
+func connLost(err error) bool { return errors.Is(err, sftp.ErrClosed) }
+
+// pick chooses the member for a request. Changes (write) go to the writer while it is
+// up, else to the first member that is; reads to the least busy member that is up.
+// With none up, the writer: its pool waits for the reconnect.
+func (s *SFTP) pick(write bool) *member {
+	if len(s.members) == 1 {
+		return s.members[0]
+	}
+	w := int(s.writer.Load())
+	if write {
+		if s.members[w].pool.State() == StateUp {
+			return s.members[w]
+		}
+		for i, m := range s.members {
+			if m.pool.State() == StateUp {
+				if s.writer.CompareAndSwap(int32(w), int32(i)) {
+					s.warn("changes now go through %s (%s is not answering)", m.name, s.members[w].name)
+				}
+				return m
+			}
+		}
+		return s.members[w]
+	}
+	var best *member
+	var load int64
+	start := int(s.rr.Add(1))
+	for k := range s.members {
+		m := s.members[(start+k)%len(s.members)]
+		if m.pool.State() != StateUp {
+			continue
+		}
+		if l := m.pool.InFlight(); best == nil || l < load {
+			best, load = m, l
+		}
+	}
+	if best == nil {
+		return s.members[w]
+	}
+	return best
+}
+
+// do runs fn on a live session of a member chosen by pick, within the source's
+// deadline. When the session dies under fn (a lost connection), fn runs again on a
+// live one — another member's if this member is down — so requests survive
+// reconnects and failover. retried tells fn that an earlier attempt may have been
+// carried out: requests that are not idempotent then treat "already done" as done,
+// as NFS clients do.
+func (s *SFTP) do(ctx context.Context, write bool, fn func(ctx context.Context, m *member, c *sftp.Client, retried bool) error) error {
+	ctx, cancel := s.deadline(ctx)
+	defer cancel()
+	var err error
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		if attempt > 0 {
+			s.retries.Add(1)
+		}
+		m := s.pick(write)
+		var c *sftp.Client
+		c, err = m.pool.Get(ctx)
+		if err != nil {
+			return err
+		}
+		err = fn(ctx, m, c, attempt > 0)
+		if !connLost(err) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
 }
 
 // fail turns an SFTP error into a backend Error with the errno POSIX would give.
@@ -128,6 +271,9 @@ func (s *SFTP) fail(ctx context.Context, op, p string, err error, recover func()
 	case errors.Is(err, context.Canceled):
 		errno = syscall.EINTR
 	}
+	if errno != syscall.ENOENT {
+		s.errs.Add(1)
+	}
 	return &Error{Op: op, Source: s.name, Path: p, Errno: errno, Cause: err}
 }
 
@@ -137,14 +283,16 @@ func bg() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 10*time.Second)
 }
 
+// lstatQuiet asks the writer member, which has seen the change just attempted.
 func (s *SFTP) lstatQuiet(p string) (sftp.Attrs, bool) {
 	ctx, cancel := bg()
 	defer cancel()
-	c, err := s.pool.Get(ctx)
-	if err != nil {
-		return sftp.Attrs{}, false
-	}
-	a, err := c.Lstat(ctx, s.abs(p))
+	var a sftp.Attrs
+	err := s.do(ctx, true, func(ctx context.Context, m *member, c *sftp.Client, _ bool) error {
+		var err error
+		a, err = c.Lstat(ctx, m.abs(p))
+		return err
+	})
 	return a, err == nil
 }
 
@@ -168,11 +316,12 @@ func (s *SFTP) spaceOrReadOnly(_ context.Context, p string) syscall.Errno {
 	}
 	ctx, cancel := bg()
 	defer cancel()
-	c, err := s.pool.Get(ctx)
-	if err != nil {
-		return syscall.EIO
-	}
-	st, err := c.Statvfs(ctx, s.abs(path.Dir(p)))
+	var st sftp.StatVFS
+	err := s.do(ctx, true, func(ctx context.Context, m *member, c *sftp.Client, _ bool) error {
+		var err error
+		st, err = c.Statvfs(ctx, m.abs(path.Dir(p)))
+		return err
+	})
 	switch {
 	case err != nil:
 		return syscall.EIO
@@ -191,14 +340,6 @@ func (s *SFTP) existsErr(p string) syscall.Errno {
 	return syscall.EIO
 }
 
-func (s *SFTP) client(ctx context.Context, op, p string) (*sftp.Client, error) {
-	c, err := s.pool.Get(ctx)
-	if err != nil {
-		return nil, &Error{Op: op, Source: s.name, Path: p, Errno: syscall.EIO, Cause: err}
-	}
-	return c, nil
-}
-
 func attrFromSFTP(a sftp.Attrs) Attr {
 	return Attr{
 		Mode:  a.Mode,
@@ -211,11 +352,12 @@ func attrFromSFTP(a sftp.Attrs) Attr {
 }
 
 func (s *SFTP) Lstat(ctx context.Context, p string) (Attr, error) {
-	c, err := s.client(ctx, "lstat", p)
-	if err != nil {
-		return Attr{}, err
-	}
-	a, err := c.Lstat(ctx, s.abs(p))
+	var a sftp.Attrs
+	err := s.do(ctx, false, func(ctx context.Context, m *member, c *sftp.Client, _ bool) error {
+		var err error
+		a, err = c.Lstat(ctx, m.abs(p))
+		return err
+	})
 	if err != nil {
 		return Attr{}, s.fail(ctx, "lstat", p, err, nil)
 	}
@@ -223,11 +365,12 @@ func (s *SFTP) Lstat(ctx context.Context, p string) (Attr, error) {
 }
 
 func (s *SFTP) ReadDir(ctx context.Context, p string) ([]Entry, error) {
-	c, err := s.client(ctx, "readdir", p)
-	if err != nil {
-		return nil, err
-	}
-	names, err := c.ReadDir(ctx, s.abs(p))
+	var names []sftp.NameEntry
+	err := s.do(ctx, false, func(ctx context.Context, m *member, c *sftp.Client, _ bool) error {
+		var err error
+		names, err = c.ReadDir(ctx, m.abs(p))
+		return err
+	})
 	if err != nil {
 		return nil, s.fail(ctx, "readdir", p, err, func() syscall.Errno {
 			if a, ok := s.lstatQuiet(p); ok && a.Mode&syscall.S_IFMT != syscall.S_IFDIR {
@@ -246,32 +389,52 @@ func (s *SFTP) ReadDir(ctx context.Context, p string) ([]Entry, error) {
 }
 
 func (s *SFTP) Readlink(ctx context.Context, p string) (string, error) {
-	c, err := s.client(ctx, "readlink", p)
-	if err != nil {
-		return "", err
-	}
-	t, err := c.Readlink(ctx, s.abs(p))
+	var t string
+	err := s.do(ctx, false, func(ctx context.Context, m *member, c *sftp.Client, _ bool) error {
+		var err error
+		t, err = c.Readlink(ctx, m.abs(p))
+		return err
+	})
 	if err != nil {
 		return "", s.fail(ctx, "readlink", p, err, func() syscall.Errno { return syscall.EINVAL })
 	}
 	return t, nil
 }
 
-func (s *SFTP) Mkdir(ctx context.Context, p string, mode uint32) error {
-	c, err := s.client(ctx, "mkdir", p)
-	if err != nil {
+// change runs a request that is not idempotent on the writer member. done says, after
+// a retry failed, whether the server's state shows that the lost first attempt was
+// carried out; the change then counts as made.
+func (s *SFTP) change(ctx context.Context, fn func(ctx context.Context, m *member, c *sftp.Client) error, done func() bool) error {
+	return s.do(ctx, true, func(ctx context.Context, m *member, c *sftp.Client, retried bool) error {
+		err := fn(ctx, m, c)
+		if err != nil && retried && !connLost(err) && done() {
+			return nil
+		}
 		return err
-	}
-	err = c.Mkdir(ctx, s.abs(p), sftp.Attrs{Flags: sftp.AttrPermissions, Mode: mode & 07777})
+	})
+}
+
+func (s *SFTP) isType(p string, typ uint32) bool {
+	a, ok := s.lstatQuiet(p)
+	return ok && a.Mode&syscall.S_IFMT == typ
+}
+
+func (s *SFTP) missing(p string) bool {
+	_, ok := s.lstatQuiet(p)
+	return !ok
+}
+
+func (s *SFTP) Mkdir(ctx context.Context, p string, mode uint32) error {
+	err := s.change(ctx, func(ctx context.Context, m *member, c *sftp.Client) error {
+		return c.Mkdir(ctx, m.abs(p), sftp.Attrs{Flags: sftp.AttrPermissions, Mode: mode & 07777})
+	}, func() bool { return s.isType(p, syscall.S_IFDIR) })
 	return s.fail(ctx, "mkdir", p, err, func() syscall.Errno { return s.existsErr(p) })
 }
 
 func (s *SFTP) Rmdir(ctx context.Context, p string) error {
-	c, err := s.client(ctx, "rmdir", p)
-	if err != nil {
-		return err
-	}
-	err = c.Rmdir(ctx, s.abs(p))
+	err := s.change(ctx, func(ctx context.Context, m *member, c *sftp.Client) error {
+		return c.Rmdir(ctx, m.abs(p))
+	}, func() bool { return s.missing(p) })
 	return s.fail(ctx, "rmdir", p, err, func() syscall.Errno {
 		a, ok := s.lstatQuiet(p)
 		switch {
@@ -280,13 +443,24 @@ func (s *SFTP) Rmdir(ctx context.Context, p string) error {
 		case a.Mode&syscall.S_IFMT != syscall.S_IFDIR:
 			return syscall.ENOTDIR
 		}
-		ctx, cancel := bg()
-		defer cancel()
-		if ents, err := c.ReadDir(ctx, s.abs(p)); err == nil && nonDotEntries(ents) {
+		if s.nonEmpty(p) {
 			return syscall.ENOTEMPTY
 		}
 		return syscall.EBUSY
 	})
+}
+
+// nonEmpty reports whether directory p holds anything.
+func (s *SFTP) nonEmpty(p string) bool {
+	ctx, cancel := bg()
+	defer cancel()
+	var ents []sftp.NameEntry
+	err := s.do(ctx, true, func(ctx context.Context, m *member, c *sftp.Client, _ bool) error {
+		var err error
+		ents, err = c.ReadDir(ctx, m.abs(p))
+		return err
+	})
+	return err == nil && nonDotEntries(ents)
 }
 
 func nonDotEntries(ents []sftp.NameEntry) bool {
@@ -299,13 +473,11 @@ func nonDotEntries(ents []sftp.NameEntry) bool {
 }
 
 func (s *SFTP) Unlink(ctx context.Context, p string) error {
-	c, err := s.client(ctx, "unlink", p)
-	if err != nil {
-		return err
-	}
-	err = c.Remove(ctx, s.abs(p))
+	err := s.change(ctx, func(ctx context.Context, m *member, c *sftp.Client) error {
+		return c.Remove(ctx, m.abs(p))
+	}, func() bool { return s.missing(p) })
 	return s.fail(ctx, "unlink", p, err, func() syscall.Errno {
-		if a, ok := s.lstatQuiet(p); ok && a.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		if s.isType(p, syscall.S_IFDIR) {
 			return syscall.EISDIR
 		}
 		return syscall.EIO
@@ -313,24 +485,21 @@ func (s *SFTP) Unlink(ctx context.Context, p string) error {
 }
 
 func (s *SFTP) Rename(ctx context.Context, from, to string) error {
-	c, err := s.client(ctx, "rename", from)
-	if err != nil {
-		return err
-	}
-	if s.posixRename {
-		err = c.PosixRename(ctx, s.abs(from), s.abs(to))
-	} else {
-		err = s.renameReplacing(ctx, c, from, to)
-	}
-	return s.fail(ctx, "rename", from, err, func() syscall.Errno { return s.renameErrno(c, from, to) })
+	err := s.change(ctx, func(ctx context.Context, m *member, c *sftp.Client) error {
+		if s.posixRename {
+			return c.PosixRename(ctx, m.abs(from), m.abs(to))
+		}
+		return s.renameReplacing(ctx, m, c, from, to)
+	}, func() bool { return s.missing(from) && !s.missing(to) })
+	return s.fail(ctx, "rename", from, err, func() syscall.Errno { return s.renameErrno(from, to) })
 }
 
 // renameReplacing gives rename(2) semantics on a server without posix-rename: plain
 // SFTP rename refuses an existing target, so move the target aside first and put it
 // back if the rename fails. Not atomic: a crash in between leaves the target under
 // its temporary name, which is logged by name.
-func (s *SFTP) renameReplacing(ctx context.Context, c *sftp.Client, from, to string) error {
-	err := c.Rename(ctx, s.abs(from), s.abs(to))
+func (s *SFTP) renameReplacing(ctx context.Context, m *member, c *sftp.Client, from, to string) error {
+	err := c.Rename(ctx, m.abs(from), m.abs(to))
 	if err == nil || !sftp.IsStatus(err, sftp.StatusFailure) {
 		return err
 	}
@@ -343,31 +512,31 @@ func (s *SFTP) renameReplacing(ctx context.Context, c *sftp.Client, from, to str
 		return err
 	}
 	aside := fmt.Sprintf("%s.muxfs-rename-%d", to, time.Now().UnixNano())
-	if err := c.Rename(ctx, s.abs(to), s.abs(aside)); err != nil {
+	if err := c.Rename(ctx, m.abs(to), m.abs(aside)); err != nil {
 		return err
 	}
-	if err := c.Rename(ctx, s.abs(from), s.abs(to)); err != nil {
-		if rerr := c.Rename(ctx, s.abs(aside), s.abs(to)); rerr != nil {
-			return fmt.Errorf("rename failed (%v) and the replaced file stays at %s (%v)", err, s.abs(aside), rerr)
+	if err := c.Rename(ctx, m.abs(from), m.abs(to)); err != nil {
+		if rerr := c.Rename(ctx, m.abs(aside), m.abs(to)); rerr != nil {
+			return fmt.Errorf("rename failed (%v) and the replaced file stays at %s (%v)", err, m.abs(aside), rerr)
 		}
 		return err
 	}
 	if src.Mode&syscall.S_IFMT == syscall.S_IFDIR {
-		err = c.Rmdir(ctx, s.abs(aside))
+		err = c.Rmdir(ctx, m.abs(aside))
 	} else {
-		err = c.Remove(ctx, s.abs(aside))
+		err = c.Remove(ctx, m.abs(aside))
 	}
 	if err != nil {
 		// The rename itself succeeded; a non-empty replaced directory is the
 		// caller's error, which rename(2) reports as ENOTEMPTY: undo.
-		c.Rename(ctx, s.abs(to), s.abs(from))  //nolint:errcheck // best effort undo
-		c.Rename(ctx, s.abs(aside), s.abs(to)) //nolint:errcheck // best effort undo
+		c.Rename(ctx, m.abs(to), m.abs(from))  //nolint:errcheck // best effort undo
+		c.Rename(ctx, m.abs(aside), m.abs(to)) //nolint:errcheck // best effort undo
 		return err
 	}
 	return nil
 }
 
-func (s *SFTP) renameErrno(c *sftp.Client, from, to string) syscall.Errno {
+func (s *SFTP) renameErrno(from, to string) syscall.Errno {
 	src, okSrc := s.lstatQuiet(from)
 	dst, okDst := s.lstatQuiet(to)
 	if okSrc && okDst {
@@ -378,15 +547,11 @@ func (s *SFTP) renameErrno(c *sftp.Client, from, to string) syscall.Errno {
 			return syscall.ENOTDIR
 		case !srcDir && dstDir:
 			return syscall.EISDIR
-		case dstDir:
-			ctx, cancel := bg()
-			defer cancel()
-			if ents, err := c.ReadDir(ctx, s.abs(to)); err == nil && nonDotEntries(ents) {
-				return syscall.ENOTEMPTY
-			}
+		case dstDir && s.nonEmpty(to):
+			return syscall.ENOTEMPTY
 		}
 	}
-	if okSrc && s.differentFS(c, from, to) {
+	if okSrc && s.differentFS(from, to) {
 		return syscall.EXDEV
 	}
 	return syscall.EIO
@@ -394,23 +559,33 @@ func (s *SFTP) renameErrno(c *sftp.Client, from, to string) syscall.Errno {
 
 // differentFS reports whether two paths' parents are on different remote file systems
 // (a rename or link between them fails with EXDEV, and mv then copies).
-func (s *SFTP) differentFS(c *sftp.Client, a, b string) bool {
+func (s *SFTP) differentFS(a, b string) bool {
 	if !s.statvfs {
 		return false
 	}
 	ctx, cancel := bg()
 	defer cancel()
-	sa, err1 := c.Statvfs(ctx, s.abs(path.Dir(a)))
-	sb, err2 := c.Statvfs(ctx, s.abs(path.Dir(b)))
-	return err1 == nil && err2 == nil && sa.Fsid != sb.Fsid
+	var sa, sb sftp.StatVFS
+	err := s.do(ctx, true, func(ctx context.Context, m *member, c *sftp.Client, _ bool) error {
+		var err error
+		if sa, err = c.Statvfs(ctx, m.abs(path.Dir(a))); err != nil {
+			return err
+		}
+		sb, err = c.Statvfs(ctx, m.abs(path.Dir(b)))
+		return err
+	})
+	return err == nil && sa.Fsid != sb.Fsid
 }
 
 func (s *SFTP) Symlink(ctx context.Context, target, p string) error {
-	c, err := s.client(ctx, "symlink", p)
-	if err != nil {
-		return err
-	}
-	err = c.Symlink(ctx, target, s.abs(p))
+	err := s.change(ctx, func(ctx context.Context, m *member, c *sftp.Client) error {
+		return c.Symlink(ctx, target, m.abs(p))
+	}, func() bool {
+		ctx, cancel := bg()
+		defer cancel()
+		t, err := s.Readlink(ctx, p)
+		return err == nil && t == target
+	})
 	return s.fail(ctx, "symlink", p, err, func() syscall.Errno { return s.existsErr(p) })
 }
 
@@ -419,19 +594,17 @@ func (s *SFTP) Link(ctx context.Context, from, to string) error {
 		return &Error{Op: "link", Source: s.name, Path: to, Errno: syscall.EPERM,
 			Cause: errors.New("server does not offer hardlink@openssh.com")}
 	}
-	c, err := s.client(ctx, "link", to)
-	if err != nil {
-		return err
-	}
-	err = c.Hardlink(ctx, s.abs(from), s.abs(to))
+	err := s.change(ctx, func(ctx context.Context, m *member, c *sftp.Client) error {
+		return c.Hardlink(ctx, m.abs(from), m.abs(to))
+	}, func() bool { return !s.missing(to) })
 	return s.fail(ctx, "link", to, err, func() syscall.Errno {
 		if e := s.existsErr(to); e == syscall.EEXIST {
 			return e
 		}
-		if a, ok := s.lstatQuiet(from); ok && a.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		if s.isType(from, syscall.S_IFDIR) {
 			return syscall.EPERM
 		}
-		if s.differentFS(c, from, to) {
+		if s.differentFS(from, to) {
 			return syscall.EXDEV
 		}
 		return syscall.EIO
@@ -470,29 +643,26 @@ func setattrErrno(err error) error {
 }
 
 func (s *SFTP) SetAttr(ctx context.Context, p string, set SetAttr) error {
-	c, err := s.client(ctx, "setattr", p)
-	if err != nil {
-		return err
-	}
-	a, err := c.Lstat(ctx, s.abs(p))
-	if err != nil {
-		return s.fail(ctx, "setattr", p, err, nil)
-	}
-	if a.Mode&syscall.S_IFMT == syscall.S_IFLNK {
+	err := s.do(ctx, true, func(ctx context.Context, m *member, c *sftp.Client, _ bool) error {
+		a, err := c.Lstat(ctx, m.abs(p))
+		if err != nil {
+			return err
+		}
+		if a.Mode&syscall.S_IFMT != syscall.S_IFLNK {
+			return c.Setstat(ctx, m.abs(p), toSFTPAttrs(set))
+		}
 		// A symlink's mode cannot change on Linux; its times and owner can only
 		// through lsetstat, and setstat would change the target instead.
+		set := set
 		set.Valid &^= SetMode
 		if set.Valid == 0 {
 			return nil
 		}
 		if !s.lsetstat {
-			return &Error{Op: "setattr", Source: s.name, Path: p, Errno: syscall.EOPNOTSUPP,
-				Cause: errors.New("server lacks lsetstat@openssh.com, needed to change a symlink itself")}
+			return fmt.Errorf("server lacks lsetstat@openssh.com, needed to change a symlink itself: %w", syscall.EOPNOTSUPP)
 		}
-		err = c.Lsetstat(ctx, s.abs(p), toSFTPAttrs(set))
-		return setattrErrno(s.fail(ctx, "setattr", p, err, nil))
-	}
-	err = c.Setstat(ctx, s.abs(p), toSFTPAttrs(set))
+		return c.Lsetstat(ctx, m.abs(p), toSFTPAttrs(set))
+	})
 	return setattrErrno(s.fail(ctx, "setattr", p, err, nil))
 }
 
@@ -519,281 +689,4 @@ func openFlags(flags int) uint32 {
 		pf |= sftp.FlagExcl
 	}
 	return pf
-}
-
-func (s *SFTP) Open(ctx context.Context, p string, flags int, mode uint32) (File, error) {
-	c, err := s.client(ctx, "open", p)
-	if err != nil {
-		return nil, err
-	}
-	var a sftp.Attrs
-	if flags&os.O_CREATE != 0 {
-		a = sftp.Attrs{Flags: sftp.AttrPermissions, Mode: mode & 07777}
-	}
-	h, at, err := c.OpenAndLstat(ctx, s.abs(p), openFlags(flags), a)
-	var check *sftp.PendingAttrs
-	if err == nil {
-		check, err = s.startCheck(c, h, at)
-	}
-	if err != nil {
-		return nil, s.fail(ctx, "open", p, err, func() syscall.Errno {
-			st, ok := s.lstatQuiet(p)
-			switch {
-			case ok && st.Mode&syscall.S_IFMT == syscall.S_IFDIR:
-				return syscall.EISDIR
-			case ok && flags&os.O_EXCL != 0:
-				return syscall.EEXIST
-			}
-			return syscall.EIO
-		})
-	}
-	f := &sftpFile{s: s, c: c, h: h, path: p, readOnly: flags&(os.O_WRONLY|os.O_RDWR) == 0,
-		opened: attrFromSFTP(at), lstat: at, check: check}
-	f.ra.eofAt = -1
-	return f, nil
-}
-
-// startCheck begins making sure the handle is the file at the path, not what a symlink
-// swapped in just before the OPEN pointed to (SFTP v3 opens follow symlinks). at is the
-// path's lstat taken just after the open: it must not be a symlink. The open file's own
-// attributes (FSTAT) must then match it in type, mode and owner; that answer is awaited
-// before the handle is first used, so the open itself costs one round trip.
-func (s *SFTP) startCheck(c *sftp.Client, h string, at sftp.Attrs) (*sftp.PendingAttrs, error) {
-	if at.Mode&syscall.S_IFMT == syscall.S_IFLNK {
-		c.CloseAsync(h)
-		return nil, syscall.ELOOP
-	}
-	pending, err := c.StartFstat(h)
-	if err != nil {
-		c.CloseAsync(h)
-		return nil, err
-	}
-	return pending, nil
-}
-
-// checked waits for the open's identity check; every use of the handle goes through it.
-func (f *sftpFile) checked(ctx context.Context) error {
-	f.checkOnce.Do(func() {
-		fa, err := f.check.Wait(ctx)
-		switch {
-		case err != nil:
-			f.checkErr = err
-		case fa.Mode != f.lstat.Mode || fa.UID != f.lstat.UID || fa.GID != f.lstat.GID:
-			// The handle is unusable; EIO is what a stale handle gives elsewhere.
-			f.s.log("open of %s reached another file (a symlink was swapped in): refused", f.path)
-			f.checkErr = syscall.EIO
-		}
-	})
-	return f.checkErr
-}
-
-func (s *SFTP) Statfs(ctx context.Context, p string) (Statfs, error) {
-	if !s.statvfs {
-		// What sshfs reports without the extension: a large, empty file system, so that
-		// programs checking free space before writing go ahead.
-		return Statfs{Bsize: 4096, Blocks: 1 << 28, Bfree: 1 << 28, Bavail: 1 << 28, Files: 1 << 20, Ffree: 1 << 20, Namemax: 255}, nil
-	}
-	c, err := s.client(ctx, "statfs", p)
-	if err != nil {
-		return Statfs{}, err
-	}
-	st, err := c.Statvfs(ctx, s.abs(p))
-	if err != nil {
-		return Statfs{}, s.fail(ctx, "statfs", p, err, nil)
-	}
-	bs := st.Frsize
-	if bs == 0 {
-		bs = st.Bsize
-	}
-	return Statfs{Bsize: bs, Blocks: st.Blocks, Bfree: st.Bfree, Bavail: st.Bavail,
-		Files: st.Files, Ffree: st.Ffree, Namemax: st.Namemax}, nil
-}
-
-// sftpFile is an open remote file, pinned to the session that opened it (handles are
-// per session).
-type sftpFile struct {
-	s        *SFTP
-	c        *sftp.Client
-	h        string
-	path     string
-	readOnly bool
-	opened   Attr // the file's attributes just after it was opened
-
-	lstat     sftp.Attrs // the path's, just after the open
-	check     *sftp.PendingAttrs
-	checkOnce sync.Once
-	checkErr  error
-
-	wb writeBehind
-	ra readAhead
-}
-
-// readDirect reads len(p) bytes at off as one pipelined burst of MaxRead-sized
-// requests.
-func (f *sftpFile) readDirect(ctx context.Context, p []byte, off int64) (int, error) {
-	step := f.c.MaxRead
-	var reqs []*sftp.PendingRead
-	var startErr error
-	for o := 0; o < len(p); o += step {
-		r, err := f.c.StartRead(f.h, min(step, len(p)-o), off+int64(o))
-		if err != nil {
-			startErr = err
-			break
-		}
-		reqs = append(reqs, r)
-	}
-	total := 0
-	var firstErr error
-	contiguous := true
-	for i, r := range reqs {
-		chunk := p[i*step : min(len(p), (i+1)*step)]
-		n, err := r.Wait(ctx, chunk)
-		if !contiguous {
-			continue // drain: every request must be collected
-		}
-		if err != nil {
-			if err != io.EOF {
-				firstErr = err
-			}
-			contiguous = false
-			continue
-		}
-		total += n
-		if n < len(chunk) && f.readOnly && off+int64(total) >= f.opened.Size {
-			// Short at the size the file had when opened: the end of the file.
-			// (A server returns a short read only at EOF for a regular file, but
-			// asking again to be sure would cost every small file a round trip.)
-			contiguous = false
-			continue
-		}
-		if n < len(chunk) {
-			// A short read not at EOF: fetch the rest of this chunk, and later
-			// chunks stay valid only if the gap is filled.
-			m, err := f.readFull(ctx, chunk[n:], off+int64(i*step+n))
-			total += m
-			if err != nil || m < len(chunk)-n {
-				if err != io.EOF {
-					firstErr = err
-				}
-				contiguous = false
-			}
-		}
-	}
-	if firstErr == nil {
-		firstErr = startErr
-	}
-	if total > 0 {
-		return total, nil
-	}
-	return 0, firstErr
-}
-
-func (f *sftpFile) readFull(ctx context.Context, p []byte, off int64) (int, error) {
-	total := 0
-	for total < len(p) {
-		n, err := f.c.Read(ctx, f.h, p[total:], off+int64(total))
-		total += n
-		if err != nil {
-			return total, err
-		}
-		if n == 0 {
-			return total, io.EOF
-		}
-	}
-	return total, nil
-}
-
-// WriteAt sends p at off and returns without waiting for the server (write-behind, in
-// a bounded window). A failure is returned by a later write, Flush, Sync or Close.
-func (f *sftpFile) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	if err := f.checked(ctx); err != nil {
-		return 0, f.s.fail(ctx, "write", f.path, err, nil)
-	}
-	if err := f.wb.failed(); err != nil {
-		return 0, f.s.fail(ctx, "write", f.path, f.wb.flush(ctx), nil)
-	}
-	f.ra.reset()
-	step := f.c.MaxWrite
-	for o := 0; o < len(p); o += step {
-		chunk := p[o:min(len(p), o+step)]
-		w, err := f.c.StartWrite(f.h, chunk, off+int64(o))
-		if err == nil {
-			err = f.wb.add(ctx, w, len(chunk))
-		}
-		if err != nil {
-			f.wb.flush(ctx) //nolint:errcheck // err is the one to report
-			return 0, f.s.fail(ctx, "write", f.path, err, nil)
-		}
-	}
-	return len(p), nil
-}
-
-// Flush waits until the server has acknowledged every write, and reports the first
-// that failed.
-func (f *sftpFile) Flush(ctx context.Context) error {
-	if f.readOnly {
-		return nil // nothing written, nothing to wait for
-	}
-	return f.ready(ctx)
-}
-
-// ready makes the handle safe to use for anything: its identity is checked and every
-// write is acknowledged.
-func (f *sftpFile) ready(ctx context.Context) error {
-	if err := f.checked(ctx); err != nil {
-		return f.s.fail(ctx, "open", f.path, err, nil)
-	}
-	return f.s.fail(ctx, "write", f.path, f.wb.flush(ctx), nil)
-}
-
-func (f *sftpFile) OpenedAttr() Attr { return f.opened }
-
-func (f *sftpFile) Stat(ctx context.Context) (Attr, error) {
-	if err := f.ready(ctx); err != nil {
-		return Attr{}, err
-	}
-	a, err := f.c.Fstat(ctx, f.h)
-	if err != nil {
-		return Attr{}, f.s.fail(ctx, "fstat", f.path, err, nil)
-	}
-	return attrFromSFTP(a), nil
-}
-
-func (f *sftpFile) SetAttr(ctx context.Context, set SetAttr) error {
-	f.ra.reset()
-	if err := f.ready(ctx); err != nil {
-		return err
-	}
-	err := f.c.Fsetstat(ctx, f.h, toSFTPAttrs(set))
-	return setattrErrno(f.s.fail(ctx, "fsetstat", f.path, err, nil))
-}
-
-func (f *sftpFile) Sync(ctx context.Context) error {
-	if err := f.ready(ctx); err != nil {
-		return err
-	}
-	if !f.s.fsync {
-		// Every write has been acknowledged already; without fsync@openssh.com that
-		// is as durable as the server lets us make it.
-		return nil
-	}
-	return f.s.fail(ctx, "fsync", f.path, f.c.Fsync(ctx, f.h), nil)
-}
-
-func (f *sftpFile) Close(ctx context.Context) error {
-	f.ra.reset()
-	if f.checked(ctx) != nil {
-		f.c.CloseAsync(f.h)
-		return nil
-	}
-	if f.readOnly {
-		f.c.CloseAsync(f.h)
-		return nil
-	}
-	werr := f.Flush(ctx)
-	cerr := f.s.fail(ctx, "close", f.path, f.c.CloseHandle(ctx, f.h), nil)
-	if werr != nil {
-		return werr
-	}
-	return cerr
 }

@@ -13,27 +13,54 @@ import (
 )
 
 // newTestSFTP serves a temporary directory with OpenSSH's sftp-server started through
-// ssh_command (no sshd): the endpoint's ssh arguments land in sh's unused $0.. $n.
+// ssh_command (no sshd).
 func newTestSFTP(t *testing.T) (*SFTP, string) {
 	t.Helper()
-	const server = "/usr/lib/openssh/sftp-server"
-	if _, err := os.Stat(server); err != nil {
+	dir := t.TempDir()
+	pool := newTestPool(t, "")
+	return newTestSource(t, 0, dir, pool), dir
+}
+
+const sftpServer = "/usr/lib/openssh/sftp-server"
+
+// newTestPool starts a pool whose sessions are OpenSSH's sftp-server, run by sh: the
+// endpoint's ssh arguments land in sh's unused $0.. $n. While the file downFlag exists
+// (if given), connecting fails, as with a server that is down.
+func newTestPool(t *testing.T, downFlag string) *Pool {
+	t.Helper()
+	if _, err := os.Stat(sftpServer); err != nil {
 		t.Skip("OpenSSH sftp-server not installed")
 	}
-	dir := t.TempDir()
-	ep := &Endpoint{Host: "test", SSHCommand: []string{"/bin/sh", "-c", "exec " + server}, MaxConns: 2}
+	script := "exec " + sftpServer
+	if downFlag != "" {
+		script = "test -e " + downFlag + " && exit 1; " + script
+	}
+	ep := &Endpoint{Host: "test", SSHCommand: []string{"/bin/sh", "-c", script}, MaxConns: 2, Timeout: 2 * time.Second}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	pool, err := Dial(context.Background(), ep, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pool.Acquire()
-	s, err := NewSFTP(context.Background(), pool, dir)
+	t.Cleanup(pool.Release)
+	return pool
+}
+
+// newTestSource is a source over the given pools (several: a replica set), all
+// serving dir.
+func newTestSource(t *testing.T, timeout time.Duration, dir string, pools ...*Pool) *SFTP {
+	t.Helper()
+	var members []Member
+	for _, p := range pools {
+		members = append(members, Member{Pool: p, Dir: dir})
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	s, err := NewSFTP(context.Background(), members, timeout, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.Close(); pool.Release() })
-	return s, dir
+	t.Cleanup(func() { s.Close() })
+	return s
 }
 
 func wantErrno(t *testing.T, what string, err error, want syscall.Errno) {

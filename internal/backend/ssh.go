@@ -32,6 +32,9 @@ type Endpoint struct {
 	ConfigFile string   // ssh -F
 	SFTPServer string   // a remote command to run instead of the sftp subsystem
 	MaxConns   int      // SFTP sessions in the pool
+	// Timeout ends a session that leaves requests unanswered this long (the stall
+	// watchdog), and bounds each request with its retries (see SFTP); 0: none.
+	Timeout time.Duration
 }
 
 // String is the endpoint as a user would type it.
@@ -208,7 +211,7 @@ func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog
 	if !interactive {
 		// Nobody can be typing a passphrase: a handshake this slow is a dead link.
 		var cancel context.CancelFunc
-		hsCtx, cancel = context.WithTimeout(ctx, 30*time.Second)
+		hsCtx, cancel = context.WithTimeout(ctx, max(30*time.Second, ep.Timeout))
 		defer cancel()
 	}
 	client, err := sftp.NewClient(hsCtx, stdout, stdin, closer)
@@ -226,6 +229,7 @@ func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog
 	lastMu.Lock()
 	connected = true
 	lastMu.Unlock()
+	client.Watch(ep.Timeout)
 	return &session{client: client, cmd: cmd}, nil
 }
 
@@ -252,18 +256,37 @@ func (f closerFunc) Close() error { return f() }
 
 // Pool is the set of SFTP sessions to one endpoint. Requests go to the session with the
 // fewest requests in flight; more sessions are opened in the background, up to
-// MaxConns, while all existing ones are busy. A dead session is dropped and replaced.
+// MaxConns, while all existing ones are busy. When every session has died, one
+// background loop reconnects with backoff while callers wait (each up to its own
+// deadline) for it; so a blip costs a pause, never a hang.
 type Pool struct {
 	ep  *Endpoint
 	log *slog.Logger
 
-	mu       sync.Mutex
-	sessions []*session
-	opening  bool // a background open is under way
-	closed   bool
-	refs     int
+	mu         sync.Mutex
+	sessions   []*session
+	opening    bool // a background open of an extra session is under way
+	closed     bool
+	refs       int
+	dialing    bool          // the reconnect loop is running
+	lastErr    error         // why the last reconnect attempt failed; nil once up
+	up         chan struct{} // closed (and replaced) each time a reconnect succeeds
+	reconnects int64
+	gone       sftp.Stats    // byte counts of sessions that have ended
+	quit       chan struct{} // closed with the pool: stops the reconnect loop
+}
 
-	dialMu sync.Mutex // one synchronous redial at a time
+// State is a pool's (or a source's) health.
+type State int
+
+const (
+	StateUp         State = iota // a live session exists
+	StateConnecting              // the sessions were lost; reconnecting, no failure yet
+	StateDown                    // reconnecting failed at least once; still retrying
+)
+
+func (s State) String() string {
+	return [...]string{"up", "connecting", "down"}[s]
 }
 
 // preferredCipher is put first in ssh's cipher list when the user has not chosen
@@ -320,7 +343,19 @@ func Dial(ctx context.Context, ep *Endpoint, log *slog.Logger) (*Pool, error) {
 	if ep.MaxConns < 1 {
 		ep.MaxConns = 1
 	}
-	return &Pool{ep: ep, log: log, sessions: []*session{s}}, nil
+	return &Pool{ep: ep, log: log, sessions: []*session{s}, up: make(chan struct{}), quit: make(chan struct{})}, nil
+}
+
+// NewDownPool returns a pool for an endpoint that could not be reached (err): a
+// replica set starts without that member, and the pool keeps trying to connect in the
+// background.
+func NewDownPool(ep *Endpoint, err error, log *slog.Logger) *Pool {
+	if ep.MaxConns < 1 {
+		ep.MaxConns = 1
+	}
+	p := &Pool{ep: ep, log: log, up: make(chan struct{}), quit: make(chan struct{}), dialing: true, lastErr: err}
+	go p.reconnect()
+	return p
 }
 
 // Acquire adds a user of the pool; Release closes it when the last user is gone.
@@ -335,6 +370,7 @@ func (p *Pool) Release() {
 		return
 	}
 	p.closed = true
+	close(p.quit)
 	sessions := p.sessions
 	p.sessions = nil
 	p.mu.Unlock()
@@ -343,13 +379,15 @@ func (p *Pool) Release() {
 	}
 }
 
-// Get returns a live session's client, the least busy one.
-func (p *Pool) Get(ctx context.Context) (*sftp.Client, error) {
-	p.mu.Lock()
+// pruneLocked drops dead sessions and returns the least busy live one, or nil.
+func (p *Pool) pruneLocked() *sftp.Client {
 	var best *sftp.Client
 	live := p.sessions[:0]
 	for _, s := range p.sessions {
 		if s.client.Err() != nil {
+			cs := s.client.Stats()
+			p.gone.BytesIn += cs.BytesIn
+			p.gone.BytesOut += cs.BytesOut
 			continue
 		}
 		live = append(live, s)
@@ -361,19 +399,162 @@ func (p *Pool) Get(ctx context.Context) (*sftp.Client, error) {
 		p.sessions[i] = nil
 	}
 	p.sessions = live
-	if p.closed {
+	return best
+}
+
+// ErrUnavailable marks errors of a source that cannot be reached at the moment (its
+// connection is lost and not yet back, or it did not answer in time).
+var ErrUnavailable = errors.New("source unavailable")
+
+// Get returns a live session's client, the least busy one. With none alive it waits
+// for the reconnect loop until ctx ends.
+func (p *Pool) Get(ctx context.Context) (*sftp.Client, error) {
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil, errors.New("connection pool closed")
+		}
+		best := p.pruneLocked()
+		if best != nil {
+			if best.InFlight() > 0 && len(p.sessions) < p.ep.MaxConns && !p.opening {
+				p.opening = true
+				go p.openMore()
+			}
+			p.mu.Unlock()
+			return best, nil
+		}
+		p.stateLocked() // starts the reconnect loop
+		up, lastErr := p.up, p.lastErr
 		p.mu.Unlock()
-		return nil, errors.New("connection pool closed")
+		select {
+		case <-up:
+		case <-ctx.Done():
+			cause := ctx.Err()
+			if lastErr != nil {
+				cause = fmt.Errorf("%w; last attempt: %v", cause, lastErr)
+			}
+			return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, p.ep.String(), cause)
+		}
 	}
-	if best != nil && best.InFlight() > 0 && len(p.sessions) < p.ep.MaxConns && !p.opening {
-		p.opening = true
-		go p.openMore()
+}
+
+// Backoff of the reconnect loop: the first attempt is immediate, then the wait
+// doubles up to maxBackoff, so a server back after a reboot is found within seconds
+// without hammering one that stays down.
+const (
+	minBackoff = 250 * time.Millisecond
+	maxBackoff = 5 * time.Second
+)
+
+func (p *Pool) reconnect() {
+	wait := minBackoff
+	for attempt := 1; ; attempt++ {
+		s, err := startSession(context.Background(), p.ep, false, p.log)
+		p.mu.Lock()
+		if p.closed {
+			p.dialing = false
+			p.mu.Unlock()
+			if err == nil {
+				s.client.Close()
+			}
+			return
+		}
+		if err == nil {
+			p.sessions = append(p.sessions, s)
+			p.dialing, p.lastErr = false, nil
+			p.reconnects++
+			close(p.up)
+			p.up = make(chan struct{})
+			p.mu.Unlock()
+			p.log.Warn("reconnected", "endpoint", p.ep.String(), "attempts", attempt)
+			return
+		}
+		first := p.lastErr == nil
+		p.lastErr = err
+		p.mu.Unlock()
+		if first {
+			p.log.Warn("server unreachable; retrying in the background", "endpoint", p.ep.String(), "err", err)
+		} else {
+			p.log.Debug("reconnect attempt failed", "endpoint", p.ep.String(), "attempt", attempt, "err", err)
+		}
+		select {
+		case <-time.After(wait):
+		case <-p.quit:
+		}
+		wait = min(wait*2, maxBackoff)
 	}
-	p.mu.Unlock()
-	if best != nil {
-		return best, nil
+}
+
+// State reports the pool's health without waiting. A pool found without a live
+// session starts reconnecting: a replica member that nobody asks while it is out must
+// still be probed back in.
+func (p *Pool) State() State {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stateLocked()
+}
+
+func (p *Pool) stateLocked() State {
+	switch {
+	case p.pruneLocked() != nil:
+		return StateUp
+	case !p.dialing && !p.closed:
+		p.dialing = true
+		p.log.Warn("connection lost; reconnecting", "endpoint", p.ep.String())
+		go p.reconnect()
 	}
-	return p.redial(ctx)
+	if p.lastErr != nil {
+		return StateDown
+	}
+	return StateConnecting
+}
+
+// PoolStats are a pool's counters, summed over its sessions.
+type PoolStats struct {
+	State      State
+	Sessions   int
+	Reconnects int64
+	LastError  string
+	sftp.Stats
+}
+
+// Stats sums the live sessions' counters.
+func (p *Pool) Stats() PoolStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := PoolStats{Reconnects: p.reconnects, State: p.stateLocked()}
+	st.BytesIn, st.BytesOut = p.gone.BytesIn, p.gone.BytesOut
+	if p.lastErr != nil {
+		st.LastError = p.lastErr.Error()
+	}
+	var rtts []time.Duration
+	for _, s := range p.sessions {
+		cs := s.client.Stats()
+		st.Sessions++
+		st.InFlight += cs.InFlight
+		st.BytesIn += cs.BytesIn
+		st.BytesOut += cs.BytesOut
+		if cs.RTT > 0 {
+			rtts = append(rtts, cs.RTT)
+		}
+	}
+	for _, r := range rtts {
+		st.RTT += r / time.Duration(len(rtts))
+	}
+	return st
+}
+
+// InFlight is the number of requests outstanding over all sessions: the load measure
+// by which replica members are chosen.
+func (p *Pool) InFlight() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n int64
+	for _, s := range p.sessions {
+		n += s.client.InFlight()
+	}
+	return n
 }
 
 func (p *Pool) openMore() {
@@ -390,31 +571,4 @@ func (p *Pool) openMore() {
 		return
 	}
 	p.sessions = append(p.sessions, s)
-}
-
-// redial replaces a pool whose every session has died.
-func (p *Pool) redial(ctx context.Context) (*sftp.Client, error) {
-	p.dialMu.Lock()
-	defer p.dialMu.Unlock()
-	p.mu.Lock()
-	for _, s := range p.sessions {
-		if s.client.Err() == nil {
-			p.mu.Unlock()
-			return s.client, nil
-		}
-	}
-	p.mu.Unlock()
-	p.log.Warn("reconnecting", "endpoint", p.ep.String())
-	s, err := startSession(ctx, p.ep, false, p.log)
-	if err != nil {
-		return nil, err
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		s.client.Close()
-		return nil, errors.New("connection pool closed")
-	}
-	p.sessions = append(p.sessions, s)
-	return s.client, nil
 }

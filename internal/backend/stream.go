@@ -21,58 +21,87 @@ const (
 // writeBehind sends a file's writes without waiting for each acknowledgement, up to
 // writeWindow bytes in flight. The first failure is kept and returned by the next
 // write, flush, fsync or close, so no error is ever lost; flush returns only once the
-// server has acknowledged everything.
+// server has acknowledged everything. Each write's data is kept until it is
+// acknowledged, so that a write lost with its connection is sent again after the
+// reconnect: a write that the application was told succeeded is never dropped.
 type writeBehind struct {
-	mu      sync.Mutex
+	mu      sync.Mutex // held across a whole write, flush or reopen
 	pending []pendingWrite
 	bytes   int
 	err     error
 }
 
 type pendingWrite struct {
-	w *sftp.PendingWrite
-	n int
+	off      int64
+	data     []byte
+	c        *sftp.Client // the session it was last sent on
+	w        *sftp.PendingWrite
+	startErr error // why sending failed, if it did
 }
 
-// add queues an acknowledged-later write and waits for the oldest ones while the window
-// is full.
-func (wb *writeBehind) add(ctx context.Context, w *sftp.PendingWrite, n int) error {
-	wb.mu.Lock()
-	defer wb.mu.Unlock()
-	wb.pending = append(wb.pending, pendingWrite{w, n})
-	wb.bytes += n
+// startLocked sends pw on the current handle.
+func (f *sftpFile) startLocked(pw *pendingWrite) {
+	h := f.handle()
+	pw.c = h.c
+	pw.w, pw.startErr = h.c.StartWrite(h.h, pw.data, pw.off)
+}
+
+// sendLocked sends a copy of data at off and waits for the oldest writes while the
+// window is full. A lost connection is dealt with when the write is waited for.
+func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64) error {
+	wb := &f.wb
+	wb.pending = append(wb.pending, pendingWrite{off: off, data: append([]byte(nil), data...)})
+	wb.bytes += len(data)
+	pw := &wb.pending[len(wb.pending)-1]
+	f.startLocked(pw)
+	if pw.startErr != nil && !connLost(pw.startErr) {
+		err := pw.startErr
+		wb.pending = wb.pending[:len(wb.pending)-1]
+		wb.bytes -= len(data)
+		return err
+	}
 	for wb.bytes > writeWindow {
-		wb.waitOldest(ctx)
+		f.waitOldestLocked(ctx)
 	}
 	return wb.err
 }
 
-func (wb *writeBehind) waitOldest(ctx context.Context) {
-	p := wb.pending[0]
+// waitOldestLocked collects the oldest write's acknowledgement. If its session was
+// lost, the file is reopened (which sends every unacknowledged write again) and the
+// write waited for anew — unless a failure is already on record: then the caller is
+// about to hear of it, and must not wait for more reconnects first.
+func (f *sftpFile) waitOldestLocked(ctx context.Context) {
+	wb := &f.wb
+	var err error
+	for attempt := 1; ; attempt++ {
+		pw := &wb.pending[0]
+		err = pw.startErr
+		if err == nil {
+			err = pw.w.Wait(ctx)
+		}
+		if !connLost(err) || attempt == maxAttempts || wb.err != nil || ctx.Err() != nil {
+			break
+		}
+		if err = f.reopenLocked(ctx, pw.c); err != nil {
+			break
+		}
+	}
+	wb.bytes -= len(wb.pending[0].data)
+	wb.pending[0] = pendingWrite{}
 	wb.pending = wb.pending[1:]
-	wb.bytes -= p.n
-	if err := p.w.Wait(ctx); err != nil && wb.err == nil {
+	if err != nil && wb.err == nil {
 		wb.err = err
 	}
 }
 
-// failed returns the first write error so far, without waiting.
-func (wb *writeBehind) failed() error {
-	wb.mu.Lock()
-	defer wb.mu.Unlock()
-	return wb.err
-}
-
-// flush waits for every write in flight and returns the first error, once: after it
-// is reported, the file is usable again.
-func (wb *writeBehind) flush(ctx context.Context) error {
-	wb.mu.Lock()
-	defer wb.mu.Unlock()
-	for len(wb.pending) > 0 {
-		wb.waitOldest(ctx)
+// flushLocked waits for every write in flight and returns the first error, once:
+// after it is reported, the file is usable again.
+func (f *sftpFile) flushLocked(ctx context.Context) error {
+	for len(f.wb.pending) > 0 {
+		f.waitOldestLocked(ctx)
 	}
-	err := wb.err
-	wb.err = nil
+	err := f.wb.err
+	f.wb.err = nil
 	return err
 }
 
@@ -92,6 +121,7 @@ type readAhead struct {
 type raChunk struct {
 	off  int64
 	size int
+	sess *sftp.Client // the session it was requested on
 	pr   *sftp.PendingRead
 	once sync.Once
 	data []byte
@@ -128,17 +158,36 @@ func (ra *readAhead) reset() {
 
 // ReadAt reads len(p) bytes at off: from the read-ahead where it covers them, directly
 // (as one pipelined burst) where not.
+// A read lost with its session is done again on the reopened file.
 func (f *sftpFile) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	n, err := f.readAt(ctx, p, off)
-	// The open's identity check is collected after the reads were sent (its answer
-	// comes first), but before any data is returned.
-	if cerr := f.checked(ctx); cerr != nil {
-		return 0, f.s.fail(ctx, "read", f.path, cerr, nil)
+	ctx, cancel := f.s.deadline(ctx)
+	defer cancel()
+	for attempt := 1; ; attempt++ {
+		h := f.handle()
+		n, err := f.readAt(ctx, h, p, off)
+		// The open's identity check is collected after the reads were sent (its
+		// answer comes first), but before any data is returned.
+		if cerr := f.checked(ctx); cerr != nil {
+			err = cerr
+		}
+		if err == nil {
+			return n, nil
+		}
+		if !connLost(err) || attempt == maxAttempts || ctx.Err() != nil {
+			return 0, f.s.fail(ctx, "read", f.path, err, nil)
+		}
+		f.wb.mu.Lock()
+		err = f.reopenLocked(ctx, h.c)
+		f.wb.mu.Unlock()
+		if err != nil {
+			return 0, f.s.fail(ctx, "read", f.path, err, nil)
+		}
 	}
-	return n, err
 }
 
-func (f *sftpFile) readAt(ctx context.Context, p []byte, off int64) (int, error) {
+// readAt serves a read from the read-ahead and h; any failure is an error (see
+// readDirect).
+func (f *sftpFile) readAt(ctx context.Context, h handle, p []byte, off int64) (int, error) {
 	ra := &f.ra
 	end := off + int64(len(p))
 	ra.mu.Lock()
@@ -162,6 +211,9 @@ func (f *sftpFile) readAt(ctx context.Context, p []byte, off int64) (int, error)
 		if pos < 0 {
 			break // a gap before this chunk: read it directly
 		}
+		if c.sess != h.c {
+			break // sent on a session since lost
+		}
 		data, err := c.wait(ctx)
 		if err != nil && err != io.EOF {
 			break
@@ -180,7 +232,7 @@ func (f *sftpFile) readAt(ctx context.Context, p []byte, off int64) (int, error)
 	var err error
 	if n < len(p) && !atEOF {
 		var m int
-		m, err = f.readDirect(ctx, p[n:], off+int64(n))
+		m, err = f.readDirect(ctx, h, p[n:], off+int64(n))
 		if m < len(p)-n {
 			atEOF = true
 		}
@@ -200,17 +252,17 @@ func (f *sftpFile) readAt(ctx context.Context, p []byte, off int64) (int, error)
 	for len(ra.chunks) > 0 && ra.chunks[0].off+int64(ra.chunks[0].size) <= off-sequentialSlack {
 		ra.chunks = ra.chunks[1:]
 	}
-	if near {
-		ra.fillLocked(f)
+	if err != nil {
+		return 0, err
 	}
-	if err != nil && n == 0 {
-		return 0, f.s.fail(ctx, "read", f.path, err, nil)
+	if near {
+		ra.fillLocked(h)
 	}
 	return n, nil
 }
 
 // fillLocked grows the window and requests chunks up to next+window.
-func (ra *readAhead) fillLocked(f *sftpFile) {
+func (ra *readAhead) fillLocked(h handle) {
 	if ra.window == 0 {
 		ra.window = readAheadStart
 	} else {
@@ -225,15 +277,15 @@ func (ra *readAhead) fillLocked(f *sftpFile) {
 			from = ra.next
 		}
 	}
-	step := f.c.MaxRead
+	step := h.c.MaxRead
 	for ; from < ra.next+int64(ra.window); from += int64(step) {
 		if ra.eofAt >= 0 && from >= ra.eofAt {
 			return
 		}
-		pr, err := f.c.StartRead(f.h, step, from)
+		pr, err := h.c.StartRead(h.h, step, from)
 		if err != nil {
 			return
 		}
-		ra.chunks = append(ra.chunks, &raChunk{off: from, size: step, pr: pr})
+		ra.chunks = append(ra.chunks, &raChunk{off: from, size: step, sess: h.c, pr: pr})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -229,7 +230,13 @@ type Source struct {
 	// prefetch, if set, lists the subdirectories of each directory listed, in the
 	// background, so that a walk (find, ls -R, a build) finds them cached.
 	prefetch *Prefetcher
+
+	hits, misses atomic.Int64 // lookups and listings answered from the cache, or not
 }
+
+// Stats returns how many lookups and listings the cache answered, and how many it
+// passed on to the source.
+func (s *Source) Stats() (hits, misses int64) { return s.hits.Load(), s.misses.Load() }
 
 // Wrap returns b with the cache in front. id tells sources apart in the cache.
 func Wrap(b backend.Backend, id int, meta *Meta, prefetch *Prefetcher) *Source {
@@ -239,11 +246,13 @@ func Wrap(b backend.Backend, id int, meta *Meta, prefetch *Prefetcher) *Source {
 func (s *Source) Lstat(ctx context.Context, p string) (backend.Attr, error) {
 	now := time.Now()
 	if a, found, ok := s.meta.lookup(s.id, p, now); ok {
+		s.hits.Add(1)
 		if !found {
 			return backend.Attr{}, syscall.ENOENT
 		}
 		return a, nil
 	}
+	s.misses.Add(1)
 	stamp := s.meta.stamp(s.id, p)
 	a, err := s.Backend.Lstat(ctx, p)
 	switch {
@@ -258,12 +267,14 @@ func (s *Source) Lstat(ctx context.Context, p string) (backend.Attr, error) {
 func (s *Source) ReadDir(ctx context.Context, p string) ([]backend.Entry, error) {
 	now := time.Now()
 	if list, ok := s.meta.listing(s.id, p, now); ok {
+		s.hits.Add(1)
 		if s.prefetch != nil {
 			// The walk goes on below: keep one level ahead of it.
 			s.prefetch.children(s, p, list)
 		}
 		return list, nil
 	}
+	s.misses.Add(1)
 	list, err := s.fetchListing(ctx, p)
 	if err != nil {
 		return nil, err

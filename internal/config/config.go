@@ -49,6 +49,9 @@ type Options struct {
 	SFTPServer string
 	SSHOptions []string
 	MaxConns   int
+	// Timeout bounds every request to a server, reconnects and retries included; a
+	// session that leaves requests unanswered this long is dropped.
+	Timeout time.Duration
 
 	// Memory caches (sshfs names): attributes, listings and missing names are kept
 	// for CacheTimeout; DirCache also lists subdirectories ahead of a walk.
@@ -93,6 +96,7 @@ type Config struct {
 func Defaults() Options {
 	return Options{
 		MaxConns:        4,
+		Timeout:         30 * time.Second,
 		Cache:           true,
 		CacheTimeout:    20 * time.Second, // sshfs' default
 		DirCache:        true,
@@ -253,6 +257,13 @@ func (c *Config) applyOption(key, val string, hasVal bool) error {
 			return fmt.Errorf("option -o max_conns=%s: want a number from 1 to 64", val)
 		}
 		o.MaxConns = n
+	case "timeout":
+		if err := seconds(&o.Timeout); err != nil {
+			return err
+		}
+		if o.Timeout < 100*time.Millisecond {
+			return fmt.Errorf("option -o timeout=%s: want at least 0.1 seconds (requests must end some time)", val)
+		}
 	case "cache":
 		return yesNo(&o.Cache)
 	case "dir_cache":
@@ -376,6 +387,8 @@ type tomlSource struct {
 	IdentityFile string   `toml:"identity_file"`
 	SSHOptions   []string `toml:"ssh_options"`
 	MaxConns     int      `toml:"max_conns"`
+	Replicas     []string `toml:"replicas"`
+	OnDown       string   `toml:"on_down"`
 }
 
 func (s *tomlSource) UnmarshalTOML(v any) error {
@@ -385,10 +398,11 @@ func (s *tomlSource) UnmarshalTOML(v any) error {
 		return nil
 	case map[string]any:
 		known := map[string]bool{"url": true, "read_only": true, "no_create": true, "port": true,
-			"user": true, "identity_file": true, "ssh_options": true, "max_conns": true}
+			"user": true, "identity_file": true, "ssh_options": true, "max_conns": true,
+			"replicas": true, "on_down": true}
 		for k := range v {
 			if !known[k] {
-				return fmt.Errorf("unknown source setting %q (known: url, read_only, no_create, port, user, identity_file, ssh_options, max_conns)", k)
+				return fmt.Errorf("unknown source setting %q (known: url, replicas, read_only, no_create, on_down, port, user, identity_file, ssh_options, max_conns)", k)
 			}
 		}
 		get := func(k string, dst any) error {
@@ -432,7 +446,7 @@ func (s *tomlSource) UnmarshalTOML(v any) error {
 		}
 		for k, dst := range map[string]any{"url": &s.URL, "read_only": &s.ReadOnly, "no_create": &s.NoCreate,
 			"port": &s.Port, "user": &s.User, "identity_file": &s.IdentityFile, "ssh_options": &s.SSHOptions,
-			"max_conns": &s.MaxConns} {
+			"max_conns": &s.MaxConns, "replicas": &s.Replicas, "on_down": &s.OnDown} {
 			if err := get(k, dst); err != nil {
 				return err
 			}
@@ -519,6 +533,32 @@ func (c *Config) LoadFile(file string) error {
 			s.MaxConns = ts.MaxConns
 			if err := checkHostUser(&s); s.IsRemote() && err != nil {
 				return fmt.Errorf("%s: %v", at(ts.URL), err)
+			}
+			switch ts.OnDown {
+			case "", "degraded":
+			case "fail-closed":
+				s.FailClosed = true
+			default:
+				return fmt.Errorf("%s: on_down = %q: want \"degraded\" or \"fail-closed\"", at(ts.OnDown), ts.OnDown)
+			}
+			for _, r := range ts.Replicas {
+				rs, err := ParseSource(r)
+				if err != nil {
+					return fmt.Errorf("%s: replica: %v", at(r), err)
+				}
+				if !s.IsRemote() || !rs.IsRemote() {
+					return fmt.Errorf("%s: replicas are SSH servers: %q and its replicas must all be host:dir", at(r), ts.URL)
+				}
+				if ts.Port != 0 && rs.Port == 0 {
+					rs.Port = ts.Port
+				}
+				if ts.User != "" && rs.User == "" {
+					rs.User = ts.User
+				}
+				if err := checkHostUser(&rs); err != nil {
+					return fmt.Errorf("%s: %v", at(r), err)
+				}
+				s.Replicas = append(s.Replicas, rs)
 			}
 			mount.Sources = append(mount.Sources, s)
 		}

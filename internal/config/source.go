@@ -23,6 +23,13 @@ type Source struct {
 	SSHOptions   []string
 	IdentityFile string
 	MaxConns     int
+
+	// Replicas are more ways to the same storage (a replica set): reads spread over
+	// them, and a failing member is survived.
+	Replicas []Source
+	// FailClosed makes a union fail while this source is unreachable, rather than go
+	// on without it (degraded, the default).
+	FailClosed bool
 }
 
 // IsRemote reports whether the source is on an SSH server.

@@ -1,5 +1,5 @@
 // Package control is the channel between a running mount and `muxfs` commands
-// (refresh now; status later): a Unix socket per mount, in a directory only the mount's
+// (refresh, status): a Unix socket per mount, in a directory only the mount's
 // owner can enter, carrying one JSON request and one JSON reply per connection.
 package control
 
@@ -18,13 +18,14 @@ import (
 
 // Request is what a command asks of a mount.
 type Request struct {
-	Op   string `json:"op"`   // "refresh"
+	Op   string `json:"op"`   // "refresh" or "status"
 	Path string `json:"path"` // in the mounted tree, "/" or "/a/b"
 }
 
 // Reply is the mount's answer.
 type Reply struct {
-	Error string `json:"error,omitempty"`
+	Error string          `json:"error,omitempty"`
+	Data  json.RawMessage `json:"data,omitempty"`
 }
 
 // SocketPath is where the mount at mountpoint listens: in $XDG_RUNTIME_DIR/muxfs, or
@@ -40,9 +41,13 @@ func SocketPath(mountpoint string) string {
 	return filepath.Join(dir, hex.EncodeToString(sum[:8])+".sock")
 }
 
+// Handler answers a request: with data (encoded as JSON; nil for none) or an error.
+type Handler func(Request) (any, error)
+
 // Serve listens for commands for the mount at mountpoint, answering with handle, until
-// the returned function is called.
-func Serve(mountpoint string, handle func(Request) error) (stop func(), err error) {
+// the returned function is called. The socket's directory is the owner's alone, so
+// only the owner (and root) can ask.
+func Serve(mountpoint string, handle Handler) (stop func(), err error) {
 	sock := SocketPath(mountpoint)
 	dir := filepath.Dir(sock)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -69,36 +74,40 @@ func Serve(mountpoint string, handle func(Request) error) (stop func(), err erro
 	return func() { l.Close(); os.Remove(sock) }, nil
 }
 
-func serveConn(c net.Conn, handle func(Request) error) {
+func serveConn(c net.Conn, handle Handler) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(30 * time.Second)) //nolint:errcheck
 	var req Request
 	var reply Reply
 	if err := json.NewDecoder(bufio.NewReader(c)).Decode(&req); err != nil {
 		reply.Error = "bad request: " + err.Error()
-	} else if err := handle(req); err != nil {
+	} else if data, err := handle(req); err != nil {
 		reply.Error = err.Error()
+	} else if data != nil {
+		if reply.Data, err = json.Marshal(data); err != nil {
+			reply.Error = err.Error()
+		}
 	}
 	json.NewEncoder(c).Encode(reply) //nolint:errcheck // the client sees EOF
 }
 
-// Call sends req to the mount at mountpoint.
-func Call(mountpoint string, req Request) error {
+// Call sends req to the mount at mountpoint and returns the reply's data.
+func Call(mountpoint string, req Request) (json.RawMessage, error) {
 	c, err := net.DialTimeout("unix", SocketPath(mountpoint), 5*time.Second)
 	if err != nil {
-		return fmt.Errorf("cannot reach the muxfs process of %s (%v): is it mounted by this user?", mountpoint, err)
+		return nil, fmt.Errorf("cannot reach the muxfs process of %s (%v): is it mounted by this user?", mountpoint, err)
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(60 * time.Second)) //nolint:errcheck
 	if err := json.NewEncoder(c).Encode(req); err != nil {
-		return err
+		return nil, err
 	}
 	var reply Reply
 	if err := json.NewDecoder(c).Decode(&reply); err != nil {
-		return fmt.Errorf("no answer from the muxfs process of %s: %v", mountpoint, err)
+		return nil, fmt.Errorf("no answer from the muxfs process of %s: %v", mountpoint, err)
 	}
 	if reply.Error != "" {
-		return errors.New(reply.Error)
+		return nil, errors.New(reply.Error)
 	}
-	return nil
+	return reply.Data, nil
 }

@@ -17,7 +17,7 @@ import (
 func (l *Layer) Place(ctx context.Context, relParent string, parentDirs []int) (int, error) {
 	var candidates []int
 	for i, b := range l.Branches {
-		if b.Writable() && !b.NoCreate {
+		if b.Writable() && !b.NoCreate && b.Available() {
 			candidates = append(candidates, i)
 		}
 	}

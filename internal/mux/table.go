@@ -190,3 +190,12 @@ func (l *Layer) Resolve(ctx context.Context, rel string) (Found, error) {
 
 // Writable reports whether the branch accepts changes.
 func (b *Branch) Writable() bool { return !b.ReadOnly }
+
+// Available reports whether the branch takes part in its union now: false for a
+// member left out while unreachable (see Degraded).
+func (b *Branch) Available() bool {
+	if d, ok := b.Backend.(interface{ Available() bool }); ok {
+		return d.Available()
+	}
+	return true
+}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // ErrClosed is returned for requests on a client whose connection has ended. The cause
@@ -32,6 +33,13 @@ type Client struct {
 	closer     io.Closer
 	extensions map[string]string
 	inFlight   atomic.Int64
+
+	// lastActive is when a packet last arrived, or when a request was sent while
+	// none was outstanding (unix nanoseconds): the stall watchdog's clock.
+	lastActive atomic.Int64
+	rtt        atomic.Int64 // smoothed round-trip time of small requests, ns
+	bytesIn    atomic.Int64 // file data received (READ replies)
+	bytesOut   atomic.Int64 // file data sent (WRITE requests)
 
 	// Largest READ and WRITE payloads the server accepts (limits@openssh.com, else
 	// the 32 KiB that every server must accept).
@@ -169,6 +177,7 @@ func (c *Client) readLoop(r *bufio.Reader) {
 			c.fail(errShort)
 			return
 		}
+		c.lastActive.Store(time.Now().UnixNano())
 		id := binary.BigEndian.Uint32(payload)
 		c.mu.Lock()
 		ch, ok := c.pending[id]
@@ -238,6 +247,9 @@ func (c *Client) start(b *buffer, id uint32) (*call, error) {
 		c.mu.Unlock()
 		return nil, err
 	}
+	if len(c.pending) == 0 {
+		c.lastActive.Store(time.Now().UnixNano())
+	}
 	c.pending[id] = ch
 	c.mu.Unlock()
 	c.inFlight.Add(1)
@@ -281,11 +293,67 @@ func (c *Client) newRequest(typ byte) (*buffer, uint32) {
 }
 
 func (c *Client) roundTrip(ctx context.Context, b *buffer, id uint32) (response, error) {
+	t0 := time.Now()
 	k, err := c.start(b, id)
 	if err != nil {
 		return response{}, err
 	}
-	return k.wait(ctx)
+	r, err := k.wait(ctx)
+	if err == nil {
+		// An exponentially weighted average (1/8 new), as TCP smooths its RTT.
+		d := int64(time.Since(t0))
+		if old := c.rtt.Load(); old == 0 {
+			c.rtt.Store(d)
+		} else {
+			c.rtt.Store(old + (d-old)/8)
+		}
+	}
+	return r, err
+}
+
+// Stats are a session's counters, for `muxfs status`.
+type Stats struct {
+	InFlight          int64
+	RTT               time.Duration
+	BytesIn, BytesOut int64
+}
+
+// Stats returns the session's counters.
+func (c *Client) Stats() Stats {
+	return Stats{InFlight: c.inFlight.Load(), RTT: time.Duration(c.rtt.Load()),
+		BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load()}
+}
+
+// ErrStalled is the cause given when the watchdog ends a session that stopped
+// answering.
+var ErrStalled = errors.New("server stopped answering")
+
+// Watch ends the session when requests are outstanding and nothing has arrived for
+// d: a frozen link or a hung server then fails its requests (so they can be retried
+// elsewhere) instead of leaving callers waiting. A slow server that keeps sending
+// is not stalled.
+func (c *Client) Watch(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	go func() {
+		tick := time.NewTicker(max(d/8, 10*time.Millisecond))
+		defer tick.Stop()
+		for {
+			select {
+			case <-c.closed:
+				return
+			case <-tick.C:
+			}
+			c.mu.Lock()
+			waiting := len(c.pending) > 0
+			c.mu.Unlock()
+			if waiting && time.Since(time.Unix(0, c.lastActive.Load())) > d {
+				c.fail(fmt.Errorf("%w for %v", ErrStalled, d))
+				return
+			}
+		}
+	}()
 }
 
 // status turns a STATUS reply into nil (OK) or a *StatusError; any other reply type is
@@ -568,6 +636,7 @@ func (pr *PendingRead) Wait(ctx context.Context, p []byte) (int, error) {
 	if rd.err != nil {
 		return 0, rd.err
 	}
+	pr.k.c.bytesIn.Add(int64(len(data)))
 	if len(data) > len(p) {
 		return 0, fmt.Errorf("sftp read: server returned %d bytes for a %d-byte request", len(data), len(p))
 	}
@@ -594,6 +663,7 @@ func (c *Client) StartWrite(handle string, p []byte, off int64) (*PendingWrite, 
 	if err != nil {
 		return nil, err
 	}
+	c.bytesOut.Add(int64(len(p)))
 	return &PendingWrite{k: k}, nil
 }
 

@@ -1,0 +1,428 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/muxfs/muxfs/internal/sftp"
+)
+
+func (s *SFTP) Statfs(ctx context.Context, p string) (Statfs, error) {
+	if !s.statvfs {
+		// What sshfs reports without the extension: a large, empty file system, so that
+		// programs checking free space before writing go ahead.
+		return Statfs{Bsize: 4096, Blocks: 1 << 28, Bfree: 1 << 28, Bavail: 1 << 28, Files: 1 << 20, Ffree: 1 << 20, Namemax: 255}, nil
+	}
+	var st sftp.StatVFS
+	err := s.do(ctx, false, func(ctx context.Context, m *member, c *sftp.Client, _ bool) error {
+		var err error
+		st, err = c.Statvfs(ctx, m.abs(p))
+		return err
+	})
+	if err != nil {
+		return Statfs{}, s.fail(ctx, "statfs", p, err, nil)
+	}
+	bs := st.Frsize
+	if bs == 0 {
+		bs = st.Bsize
+	}
+	return Statfs{Bsize: bs, Blocks: st.Blocks, Bfree: st.Bfree, Bavail: st.Bavail,
+		Files: st.Files, Ffree: st.Ffree, Namemax: st.Namemax}, nil
+}
+
+func (s *SFTP) Open(ctx context.Context, p string, flags int, mode uint32) (File, error) {
+	readOnly := flags&(os.O_WRONLY|os.O_RDWR) == 0
+	var a sftp.Attrs
+	if flags&os.O_CREATE != 0 {
+		a = sftp.Attrs{Flags: sftp.AttrPermissions, Mode: mode & 07777}
+	}
+	var f *sftpFile
+	err := s.do(ctx, !readOnly, func(ctx context.Context, m *member, c *sftp.Client, retried bool) error {
+		fl := flags
+		if retried && fl&os.O_EXCL != 0 {
+			// The lost first attempt may have created the file: an exclusive retry
+			// would then fail although the caller's create succeeded, and a
+			// non-exclusive one might open someone else's. Report the loss instead.
+			return fmt.Errorf("connection lost during an exclusive create: %w", syscall.EIO)
+		}
+		h, at, err := c.OpenAndLstat(ctx, m.abs(p), openFlags(fl), a)
+		if err != nil {
+			return err
+		}
+		check, err := startCheck(c, h, at)
+		if err != nil {
+			return err
+		}
+		f = &sftpFile{s: s, path: p, flags: flags, readOnly: readOnly,
+			opened: attrFromSFTP(at), lstat: at, check: check, cur: handle{m: m, c: c, h: h}}
+		return nil
+	})
+	if err != nil {
+		return nil, s.fail(ctx, "open", p, err, func() syscall.Errno {
+			st, ok := s.lstatQuiet(p)
+			switch {
+			case ok && st.Mode&syscall.S_IFMT == syscall.S_IFDIR:
+				return syscall.EISDIR
+			case ok && flags&os.O_EXCL != 0:
+				return syscall.EEXIST
+			}
+			return syscall.EIO
+		})
+	}
+	f.ra.eofAt = -1
+	return f, nil
+}
+
+// startCheck begins making sure the handle is the file at the path, not what a symlink
+// swapped in just before the OPEN pointed to (SFTP v3 opens follow symlinks). at is the
+// path's lstat taken just after the open: it must not be a symlink. The open file's own
+// attributes (FSTAT) must then match it in type, mode and owner; that answer is awaited
+// before the handle is first used, so the open itself costs one round trip.
+func startCheck(c *sftp.Client, h string, at sftp.Attrs) (*sftp.PendingAttrs, error) {
+	if at.Mode&syscall.S_IFMT == syscall.S_IFLNK {
+		c.CloseAsync(h)
+		return nil, syscall.ELOOP
+	}
+	pending, err := c.StartFstat(h)
+	if err != nil {
+		c.CloseAsync(h)
+		return nil, err
+	}
+	return pending, nil
+}
+
+// handle is an open SFTP handle and the session it belongs to (handles are per
+// session).
+type handle struct {
+	m *member
+	c *sftp.Client
+	h string
+}
+
+// sftpFile is an open remote file, pinned to the session that opened it until that
+// session is lost; it is then opened again by path on a live one (reopenLocked).
+type sftpFile struct {
+	s        *SFTP
+	path     string
+	flags    int // as opened, for reopening
+	readOnly bool
+	opened   Attr // the file's attributes just after it was opened
+
+	lstat    sftp.Attrs // the path's, just after the open
+	checkMu  sync.Mutex
+	check    *sftp.PendingAttrs // the open's identity check, until collected
+	checkErr error
+
+	hmu sync.Mutex // guards cur; taken after wb.mu
+	cur handle
+
+	wb writeBehind
+	ra readAhead
+}
+
+func (f *sftpFile) handle() handle {
+	f.hmu.Lock()
+	defer f.hmu.Unlock()
+	return f.cur
+}
+
+// checked waits for the open's identity check; every use of the handle goes through it.
+// A check lost with its session stays pending: the reopen that follows checks anew.
+func (f *sftpFile) checked(ctx context.Context) error {
+	f.checkMu.Lock()
+	defer f.checkMu.Unlock()
+	if f.check == nil {
+		return f.checkErr
+	}
+	fa, err := f.check.Wait(ctx)
+	switch {
+	case connLost(err) || errors.Is(err, context.DeadlineExceeded):
+		return err
+	case err != nil:
+		f.checkErr = err
+	case fa.Mode != f.lstat.Mode || fa.UID != f.lstat.UID || fa.GID != f.lstat.GID:
+		// The handle is unusable; EIO is what a stale handle gives elsewhere.
+		f.s.warn("open of %s reached another file (a symlink was swapped in): refused", f.path)
+		f.checkErr = syscall.EIO
+	}
+	f.check = nil
+	return f.checkErr
+}
+
+// reopenLocked replaces a handle lost with its session (dead): the file is opened
+// again by path on a live session — another member's if this one is down — checked to
+// be the same kind of file with the same owner, and every write not yet acknowledged
+// is sent again at its offset, in the order first sent. The caller holds f.wb.mu.
+func (f *sftpFile) reopenLocked(ctx context.Context, dead *sftp.Client) error {
+	if f.handle().c != dead {
+		return nil // done already by another caller
+	}
+	if f.flags&os.O_APPEND != 0 && len(f.wb.pending) > 0 {
+		// An append lands wherever the end is: sending it again could write it twice.
+		return fmt.Errorf("connection lost with %d appended bytes unacknowledged; cannot tell whether they were written: %w", f.wb.bytes, syscall.EIO)
+	}
+	flags := f.flags &^ (os.O_CREATE | os.O_EXCL | os.O_TRUNC)
+	var nh handle
+	err := f.s.do(ctx, !f.readOnly, func(ctx context.Context, m *member, c *sftp.Client, _ bool) error {
+		h, at, err := c.OpenAndLstat(ctx, m.abs(f.path), openFlags(flags), sftp.Attrs{})
+		if err != nil {
+			return err
+		}
+		fa, err := c.Fstat(ctx, h)
+		if err == nil && (at.Mode&syscall.S_IFMT == syscall.S_IFLNK || fa.Mode&syscall.S_IFMT != f.lstat.Mode&syscall.S_IFMT || fa.UID != f.lstat.UID) {
+			err = fmt.Errorf("%s was replaced by another file while the connection was lost: %w", f.path, syscall.ESTALE)
+		}
+		if err != nil {
+			c.CloseAsync(h)
+			return err
+		}
+		nh = handle{m: m, c: c, h: h}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	f.hmu.Lock()
+	f.cur = nh
+	f.hmu.Unlock()
+	f.checkMu.Lock()
+	if f.check != nil {
+		f.check, f.checkErr = nil, nil // the new handle was checked above
+	}
+	f.checkMu.Unlock()
+	f.ra.reset()
+	f.s.reopened.Add(1)
+	f.s.log.Info("file reopened on a new session", "source", f.s.name, "path", f.path,
+		"via", nh.m.name, "writes_resent", len(f.wb.pending))
+	for i := range f.wb.pending {
+		f.startLocked(&f.wb.pending[i])
+	}
+	return nil
+}
+
+// withHandle runs fn on the current handle, reopening the file and running fn again
+// when the session is lost under it.
+func (f *sftpFile) withHandle(ctx context.Context, fn func(h handle) error) error {
+	for attempt := 1; ; attempt++ {
+		h := f.handle()
+		err := fn(h)
+		if !connLost(err) || attempt == maxAttempts || ctx.Err() != nil {
+			return err
+		}
+		f.wb.mu.Lock()
+		err = f.reopenLocked(ctx, h.c)
+		f.wb.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// readDirect reads len(p) bytes at off as one pipelined burst of MaxRead-sized
+// requests. A short count means the end of the file; any failure is an error, since
+// the kernel would take a short read for the end of the file.
+func (f *sftpFile) readDirect(ctx context.Context, h handle, p []byte, off int64) (int, error) {
+	step := h.c.MaxRead
+	var reqs []*sftp.PendingRead
+	var startErr error
+	for o := 0; o < len(p); o += step {
+		r, err := h.c.StartRead(h.h, min(step, len(p)-o), off+int64(o))
+		if err != nil {
+			startErr = err
+			break
+		}
+		reqs = append(reqs, r)
+	}
+	total := 0
+	var firstErr error
+	contiguous := true
+	for i, r := range reqs {
+		chunk := p[i*step : min(len(p), (i+1)*step)]
+		n, err := r.Wait(ctx, chunk)
+		if !contiguous {
+			continue // drain: every request must be collected
+		}
+		if err != nil {
+			if err != io.EOF {
+				firstErr = err
+			}
+			contiguous = false
+			continue
+		}
+		total += n
+		if n < len(chunk) && f.readOnly && off+int64(total) >= f.opened.Size {
+			// Short at the size the file had when opened: the end of the file.
+			// (A server returns a short read only at EOF for a regular file, but
+			// asking again to be sure would cost every small file a round trip.)
+			contiguous = false
+			continue
+		}
+		if n < len(chunk) {
+			// A short read not at EOF: fetch the rest of this chunk, and later
+			// chunks stay valid only if the gap is filled.
+			m, err := f.readFull(ctx, h, chunk[n:], off+int64(i*step+n))
+			total += m
+			if err != nil || m < len(chunk)-n {
+				if err != io.EOF {
+					firstErr = err
+				}
+				contiguous = false
+			}
+		}
+	}
+	if firstErr == nil && contiguous {
+		firstErr = startErr
+	}
+	return total, firstErr
+}
+
+func (f *sftpFile) readFull(ctx context.Context, h handle, p []byte, off int64) (int, error) {
+	total := 0
+	for total < len(p) {
+		n, err := h.c.Read(ctx, h.h, p[total:], off+int64(total))
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n == 0 {
+			return total, io.EOF
+		}
+	}
+	return total, nil
+}
+
+// WriteAt sends p at off and returns without waiting for the server (write-behind, in
+// a bounded window). A failure is returned by a later write, Flush, Sync or Close.
+func (f *sftpFile) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	ctx, cancel := f.s.deadline(ctx)
+	defer cancel()
+	f.wb.mu.Lock()
+	defer f.wb.mu.Unlock()
+	if err := f.checkedLocked(ctx); err != nil {
+		return 0, f.s.fail(ctx, "write", f.path, err, nil)
+	}
+	if f.wb.err != nil {
+		return 0, f.s.fail(ctx, "write", f.path, f.flushLocked(ctx), nil)
+	}
+	f.ra.reset()
+	for o := 0; o < len(p); {
+		step := f.handle().c.MaxWrite
+		chunk := p[o:min(len(p), o+step)]
+		if err := f.sendLocked(ctx, chunk, off+int64(o)); err != nil {
+			f.flushLocked(ctx) //nolint:errcheck // err is the one to report
+			return 0, f.s.fail(ctx, "write", f.path, err, nil)
+		}
+		o += len(chunk)
+	}
+	return len(p), nil
+}
+
+// checkedLocked is checked for callers holding f.wb.mu: a check lost with its
+// session is followed by a reopen, which checks the new handle.
+func (f *sftpFile) checkedLocked(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		h := f.handle()
+		err := f.checked(ctx)
+		if !connLost(err) || attempt == maxAttempts {
+			return err
+		}
+		if err := f.reopenLocked(ctx, h.c); err != nil {
+			return err
+		}
+	}
+}
+
+// Flush waits until the server has acknowledged every write, and reports the first
+// that failed.
+func (f *sftpFile) Flush(ctx context.Context) error {
+	if f.readOnly {
+		return nil // nothing written, nothing to wait for
+	}
+	ctx, cancel := f.s.deadline(ctx)
+	defer cancel()
+	return f.ready(ctx)
+}
+
+// ready makes the handle safe to use for anything: its identity is checked and every
+// write is acknowledged.
+func (f *sftpFile) ready(ctx context.Context) error {
+	f.wb.mu.Lock()
+	defer f.wb.mu.Unlock()
+	if err := f.checkedLocked(ctx); err != nil {
+		return f.s.fail(ctx, "open", f.path, err, nil)
+	}
+	return f.s.fail(ctx, "write", f.path, f.flushLocked(ctx), nil)
+}
+
+func (f *sftpFile) OpenedAttr() Attr { return f.opened }
+
+func (f *sftpFile) Stat(ctx context.Context) (Attr, error) {
+	ctx, cancel := f.s.deadline(ctx)
+	defer cancel()
+	if err := f.ready(ctx); err != nil {
+		return Attr{}, err
+	}
+	var a sftp.Attrs
+	err := f.withHandle(ctx, func(h handle) error {
+		var err error
+		a, err = h.c.Fstat(ctx, h.h)
+		return err
+	})
+	if err != nil {
+		return Attr{}, f.s.fail(ctx, "fstat", f.path, err, nil)
+	}
+	return attrFromSFTP(a), nil
+}
+
+func (f *sftpFile) SetAttr(ctx context.Context, set SetAttr) error {
+	ctx, cancel := f.s.deadline(ctx)
+	defer cancel()
+	f.ra.reset()
+	if err := f.ready(ctx); err != nil {
+		return err
+	}
+	err := f.withHandle(ctx, func(h handle) error { return h.c.Fsetstat(ctx, h.h, toSFTPAttrs(set)) })
+	return setattrErrno(f.s.fail(ctx, "fsetstat", f.path, err, nil))
+}
+
+func (f *sftpFile) Sync(ctx context.Context) error {
+	ctx, cancel := f.s.deadline(ctx)
+	defer cancel()
+	if err := f.ready(ctx); err != nil {
+		return err
+	}
+	if !f.s.fsync {
+		// Every write has been acknowledged already; without fsync@openssh.com that
+		// is as durable as the server lets us make it.
+		return nil
+	}
+	err := f.withHandle(ctx, func(h handle) error { return h.c.Fsync(ctx, h.h) })
+	return f.s.fail(ctx, "fsync", f.path, err, nil)
+}
+
+func (f *sftpFile) Close(ctx context.Context) error {
+	ctx, cancel := f.s.deadline(ctx)
+	defer cancel()
+	f.ra.reset()
+	if f.readOnly || f.checked(ctx) != nil {
+		h := f.handle()
+		h.c.CloseAsync(h.h)
+		return nil
+	}
+	werr := f.Flush(ctx)
+	h := f.handle()
+	err := h.c.CloseHandle(ctx, h.h)
+	if connLost(err) {
+		err = nil // the handle ended with its session, after every write was acknowledged
+	}
+	cerr := f.s.fail(ctx, "close", f.path, err, nil)
+	if werr != nil {
+		return werr
+	}
+	return cerr
+}

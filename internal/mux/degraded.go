@@ -1,0 +1,89 @@
+package mux
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/muxfs/muxfs/internal/backend"
+)
+
+// Degraded wraps a member of a union so that the union goes on without it while its
+// server is unreachable (mergerfs drops a missing branch silently and rclone's union
+// stops altogether; muxfs says so in the log and in `muxfs status`): lookups and
+// listings answer "no such file" for it, so names resolve to the other members and new
+// files go where the parent exists on a live one. A member is out from the first
+// request that finds it unreachable (or from a failed reconnect) until it is up again;
+// while it is out, nothing waits for it. Changes already aimed at it fail as usual.
+type Degraded struct {
+	backend.Backend
+	state func() backend.State
+	log   *slog.Logger
+	out   atomic.Bool
+}
+
+// NewDegraded wraps b; state reports its health without waiting.
+func NewDegraded(b backend.Backend, state func() backend.State, log *slog.Logger) *Degraded {
+	return &Degraded{Backend: b, state: state, log: log}
+}
+
+// Available reports whether the member takes part in the union now.
+func (d *Degraded) Available() bool {
+	st := d.state()
+	if d.out.Load() {
+		if st != backend.StateUp {
+			return false
+		}
+		if d.out.CompareAndSwap(true, false) {
+			d.log.Warn("source is back in its union", "source", d.String())
+		}
+		return true
+	}
+	if st == backend.StateDown {
+		d.leave(errors.New("reconnecting failed"))
+		return false
+	}
+	return true
+}
+
+func (d *Degraded) leave(cause error) {
+	if d.out.CompareAndSwap(false, true) {
+		d.log.Warn("source unreachable: its union goes on without it until it is back", "source", d.String(), "err", cause)
+	}
+}
+
+// absent is the answer for a member that is out, or that could not answer.
+func (d *Degraded) absent(op, p string, err error) error {
+	if err == nil || !backend.IsUnavailable(err) {
+		return err
+	}
+	d.leave(err)
+	return &backend.Error{Op: op, Source: d.String(), Path: p, Errno: syscall.ENOENT, Cause: err}
+}
+
+var errOut = errors.New("source unreachable; left out of its union")
+
+func (d *Degraded) Lstat(ctx context.Context, p string) (backend.Attr, error) {
+	if !d.Available() {
+		return backend.Attr{}, d.absent("lstat", p, backend.ErrUnavailable)
+	}
+	a, err := d.Backend.Lstat(ctx, p)
+	return a, d.absent("lstat", p, err)
+}
+
+func (d *Degraded) ReadDir(ctx context.Context, p string) ([]backend.Entry, error) {
+	if !d.Available() {
+		return nil, d.absent("readdir", p, backend.ErrUnavailable)
+	}
+	list, err := d.Backend.ReadDir(ctx, p)
+	return list, d.absent("readdir", p, err)
+}
+
+func (d *Degraded) Statfs(ctx context.Context, p string) (backend.Statfs, error) {
+	if !d.Available() {
+		return backend.Statfs{}, &backend.Error{Op: "statfs", Source: d.String(), Path: p, Errno: syscall.EIO, Cause: errOut}
+	}
+	return d.Backend.Statfs(ctx, p)
+}
