@@ -156,18 +156,21 @@ func connLost(err error) bool { return errors.Is(err, sftp.ErrClosed) }
 
 // pick chooses the member for a request. Changes (write) go to the writer while it is
 // up, else to the first member that is; reads to the least busy member that is up.
-// With none up, the writer: its pool waits for the reconnect.
-func (s *SFTP) pick(write bool) *member {
+// With none up, the writer: its pool waits for the reconnect. avoid (if not nil) just
+// lost a session under a request: its other sessions are likely going the same way, so
+// another member is preferred.
+func (s *SFTP) pick(write bool, avoid *member) *member {
 	if len(s.members) == 1 {
 		return s.members[0]
 	}
+	usable := func(m *member) bool { return m != avoid && m.pool.State() == StateUp }
 	w := int(s.writer.Load())
 	if write {
-		if s.members[w].pool.State() == StateUp {
+		if usable(s.members[w]) {
 			return s.members[w]
 		}
 		for i, m := range s.members {
-			if m.pool.State() == StateUp {
+			if usable(m) {
 				if s.writer.CompareAndSwap(int32(w), int32(i)) {
 					s.warn("changes now go through %s (%s is not answering)", m.name, s.members[w].name)
 				}
@@ -181,7 +184,7 @@ func (s *SFTP) pick(write bool) *member {
 	start := int(s.rr.Add(1))
 	for k := range s.members {
 		m := s.members[(start+k)%len(s.members)]
-		if m.pool.State() != StateUp {
+		if !usable(m) {
 			continue
 		}
 		if l := m.pool.InFlight(); best == nil || l < load {
@@ -204,11 +207,17 @@ func (s *SFTP) do(ctx context.Context, write bool, fn func(ctx context.Context, 
 	ctx, cancel := s.deadline(ctx)
 	defer cancel()
 	var err error
+	var failed *member
 	for attempt := 0; attempt < maxAttempts; attempt++ {
+		m := s.pick(write, failed)
 		if attempt > 0 {
 			s.retries.Add(1)
+			if m == failed {
+				// No other member: give the pool a moment to see which of its
+				// sessions died with the connection.
+				time.Sleep(time.Duration(attempt) * 20 * time.Millisecond)
+			}
 		}
-		m := s.pick(write)
 		var c *sftp.Client
 		c, err = m.pool.Get(ctx)
 		if err != nil {
@@ -218,6 +227,7 @@ func (s *SFTP) do(ctx context.Context, write bool, fn func(ctx context.Context, 
 		if !connLost(err) || ctx.Err() != nil {
 			return err
 		}
+		failed = m
 	}
 	return err
 }

@@ -167,7 +167,8 @@ func StartFor(dir string, keys *Keys, login string) (*Server, error) {
 		if err := s.cmd.Start(); err != nil {
 			return nil, fmt.Errorf("starting sshd: %w", err)
 		}
-		go func() { s.cmd.Wait(); close(s.done) }() //nolint:errcheck // reported via done
+			cmd, done := s.cmd, s.done
+		go func() { cmd.Wait(); close(done) }() //nolint:errcheck // reported via done
 		if err := s.waitListening(); err != nil {
 			s.Stop()
 			lastErr = err
@@ -246,6 +247,75 @@ func (s *Server) Stop() {
 		syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck // last resort
 		<-s.done
 	}
+}
+
+// Kill ends the server at once, with every session it runs (sshd puts each
+// connection in a session of its own, so the process group is not enough): as when
+// the server machine goes away.
+func (s *Server) Kill() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	pids := append(Descendants(s.cmd.Process.Pid), s.cmd.Process.Pid)
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGKILL) //nolint:errcheck // may be gone
+	}
+	<-s.done
+}
+
+// Restart starts the server again on the same port, with the same keys, after Kill.
+func (s *Server) Restart() error {
+	sshdPath, err := findSSHD()
+	if err != nil {
+		return err
+	}
+	s.done = make(chan struct{})
+	s.cmd = exec.Command(sshdPath, "-D", "-e", "-f", filepath.Join(s.Dir, "sshd_config"))
+	s.cmd.Stdout = s.log
+	s.cmd.Stderr = s.log
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := s.cmd.Start(); err != nil {
+		return fmt.Errorf("starting sshd: %w", err)
+	}
+	cmd, done := s.cmd, s.done
+	go func() { cmd.Wait(); close(done) }() //nolint:errcheck // reported via done
+	return s.waitListening()
+}
+
+// Descendants lists the processes below pid, from /proc.
+func Descendants(pid int) []int {
+	children := map[int][]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// The parent pid is the second field after the command in parentheses.
+		rest := string(stat[bytes.LastIndexByte(stat, ')')+1:])
+		f := strings.Fields(rest)
+		if len(f) < 2 {
+			continue
+		}
+		if pp, err := strconv.Atoi(f[1]); err == nil {
+			children[pp] = append(children[pp], p)
+		}
+	}
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	return out
 }
 
 // Log is what sshd printed.
