@@ -167,7 +167,7 @@ func StartFor(dir string, keys *Keys, login string) (*Server, error) {
 		if err := s.cmd.Start(); err != nil {
 			return nil, fmt.Errorf("starting sshd: %w", err)
 		}
-			cmd, done := s.cmd, s.done
+		cmd, done := s.cmd, s.done
 		go func() { cmd.Wait(); close(done) }() //nolint:errcheck // reported via done
 		if err := s.waitListening(); err != nil {
 			s.Stop()
