@@ -2,12 +2,16 @@ package e2e
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -173,4 +177,89 @@ func TestHostileServer(t *testing.T) {
 	if !strings.Contains(log.String(), "invalid file names") {
 		t.Errorf("no warning logged for the invalid names:\n%s", log.String())
 	}
+}
+
+// TestBrokenServer: a server whose replies do not parse, claim absurd lengths or
+// sizes, or stop halfway gets an errno and a log line for that request; the mount
+// stays up and serves everything else.
+func TestBrokenServer(t *testing.T) {
+	if _, err := os.Stat("/usr/lib/openssh/sftp-server"); err != nil {
+		t.Skip("OpenSSH sftp-server not installed")
+	}
+	e := newEnv(t, 0)
+	dir := filepath.Join(e.tmp, "served")
+	writeFile(t, dir+"/normal.txt", "fine")
+	writeFile(t, dir+"/evil-size", "x")
+	mp := e.mountpoint()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(muxfsBin, "-f", "-o", "ssh_command="+self+",cache=no,timeout=2", "fake:"+dir, mp)
+	cmd.Env = append(os.Environ(), "MUXFS_TEST_HELPER=broken-sftp")
+	var log lockedLog
+	cmd.Stderr = &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		unmountQuietly(mp)
+		cmd.Wait() //nolint:errcheck
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for !isMounted(mp) {
+		if time.Now().After(deadline) {
+			t.Fatalf("mount did not come up:\n%s", log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, c := range []struct {
+		name string
+		want []syscall.Errno
+		log  string
+	}{
+		{"evil-garbage", []syscall.Errno{syscall.EIO}, "malformed"},
+		{"evil-huge", []syscall.Errno{syscall.EIO}, "packet of 2147483647 bytes"},
+		{"evil-size", []syscall.Errno{syscall.EIO}, "impossible file size"},
+		{"evil-stall", []syscall.Errno{syscall.ETIMEDOUT, syscall.EIO}, "stopped answering"},
+	} {
+		start := time.Now()
+		_, err := os.Lstat(filepath.Join(mp, c.name))
+		took := time.Since(start)
+		var errno syscall.Errno
+		if !errors.As(err, &errno) || !slices.Contains(c.want, errno) {
+			t.Errorf("%s: got %v, want %v", c.name, err, c.want)
+		}
+		if took > 5*time.Second {
+			t.Errorf("%s: took %v with -o timeout=2", c.name, took)
+		}
+		if got := readString(t, mp+"/normal.txt"); got != "fine" {
+			t.Errorf("after %s the mount no longer serves other files: %q", c.name, got)
+		}
+	}
+	// The stalled session is ended by the watchdog within the timeout.
+	time.Sleep(2500 * time.Millisecond)
+	for _, c := range []string{"malformed", "packet of 2147483647 bytes", "impossible file size", "stopped answering"} {
+		if !strings.Contains(log.String(), c) {
+			t.Errorf("nothing in the log says %q:\n%s", c, log.String())
+		}
+	}
+}
+
+// lockedLog collects a child's output while the test reads it.
+type lockedLog struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

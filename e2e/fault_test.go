@@ -553,3 +553,95 @@ func TestRandomIntegrityWithKills(t *testing.T) {
 	}
 	t.Logf("%d operations, %d connection kills, 0 mismatches", ops, kills)
 }
+
+// TestUnionMemberDown: a union goes on without a member whose server is down (its
+// names disappear, new files go to a live member, the log and status say so) and
+// takes it back when it returns; with on_down = "fail-closed" the union fails instead.
+func TestUnionMemberDown(t *testing.T) {
+	e := newEnv(t, 2)
+	writeFile(t, e.data[0]+"/a.txt", "a")
+	writeFile(t, e.data[0]+"/shared/x0", "0")
+	writeFile(t, e.data[1]+"/b.txt", "b")
+	writeFile(t, e.data[1]+"/shared/x1", "1")
+	mp := e.mount(e.source(0, ""), e.source(1, ""), "-o", "timeout=3")
+	if got := strings.Join(names(t, mp), " "); got != "a.txt b.txt shared" {
+		t.Fatalf("union before the fault: %q", got)
+	}
+	e.servers[1].Kill()
+	// Until its first reconnect attempt fails (some 50 ms here), the member counts as
+	// reconnecting and the memory cache may still answer for it.
+	waitStatus(t, mp, `"state": "down"`)
+	for i := 0; i < 2; i++ {
+		start := time.Now()
+		got := strings.Join(names(t, mp), " ")
+		took := time.Since(start)
+		if got != "a.txt shared" {
+			t.Errorf("listing %d with member 2 down: %q, want a.txt shared", i+1, got)
+		}
+		if took > faultBound || (i == 1 && took > time.Second) {
+			t.Errorf("listing %d with member 2 down took %v", i+1, took)
+		}
+	}
+	if got := strings.Join(names(t, mp+"/shared"), " "); got != "x0" {
+		t.Errorf("merged directory with member 2 down: %q", got)
+	}
+	writeFile(t, mp+"/shared/new", "n")
+	if _, err := os.Stat(e.data[0] + "/shared/new"); err != nil {
+		t.Errorf("a new file did not go to the live member: %v", err)
+	}
+	if readString(t, mp+"/a.txt") != "a" {
+		t.Error("the live member's file is unreadable")
+	}
+	if err := e.servers[1].Restart(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	got := ""
+	for time.Now().Before(deadline) {
+		if got = strings.Join(names(t, mp), " "); got == "a.txt b.txt shared" {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if got != "a.txt b.txt shared" {
+		t.Errorf("member 2 did not come back into the union: %q", got)
+	}
+
+	// Without the memory cache, so that every lookup and listing asks the servers.
+	t.Run("fail-closed", func(t *testing.T) {
+		conf := filepath.Join(e.tmp, "closed.toml")
+		writeFile(t, conf, fmt.Sprintf(`
+[[mount]]
+path = "/"
+sources = ["%s", { url = "%s", on_down = "fail-closed" }]
+`, e.source(0, ""), e.source(1, "")))
+		mp := e.mount("--config", conf, "-o", "timeout=3,cache=no")
+		if got := strings.Join(names(t, mp), " "); got != "a.txt b.txt shared" {
+			t.Fatalf("union before the fault: %q", got)
+		}
+		e.servers[1].Kill()
+		waitStatus(t, mp, `"state": "down"`)
+		start := time.Now()
+		_, err := os.ReadDir(mp + "/shared")
+		if err == nil {
+			t.Error("a fail-closed union listed a directory with a member down")
+		}
+		if took := time.Since(start); took > faultBound {
+			t.Errorf("took %v", took)
+		}
+	})
+}
+
+// waitStatus polls `muxfs status --json` until it contains want.
+func waitStatus(t *testing.T, mp, want string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	out := ""
+	for time.Now().Before(deadline) {
+		if out = run(t, muxfsBin+" status --json "+mp); strings.Contains(out, want) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("status never showed %s:\n%s", want, out)
+}

@@ -391,6 +391,10 @@ func (s *SFTP) ReadDir(ctx context.Context, p string) ([]Entry, error) {
 	}
 	out := make([]Entry, 0, len(names))
 	for _, n := range names {
+		if err := n.Attrs.Check(); err != nil {
+			s.warn("listing of /%s: %v for %q; the entry is not shown", p, err, n.Name)
+			continue
+		}
 		a := attrFromSFTP(n.Attrs)
 		a.Nlink = n.Nlink
 		out = append(out, Entry{Name: n.Name, Attr: a})

@@ -230,6 +230,12 @@ func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog
 	connected = true
 	lastMu.Unlock()
 	client.Watch(ep.Timeout)
+	go func() {
+		<-client.Done()
+		if err := client.Err(); !errors.Is(err, sftp.ErrClientClosed) {
+			log.Warn("SFTP session ended", "endpoint", ep.String(), "err", err)
+		}
+	}()
 	return &session{client: client, cmd: cmd}, nil
 }
 
@@ -271,6 +277,7 @@ type Pool struct {
 	dialing    bool          // the reconnect loop is running
 	lastErr    error         // why the last reconnect attempt failed; nil once up
 	up         chan struct{} // closed (and replaced) each time a reconnect succeeds
+	tried      chan struct{} // closed (and replaced) each time a reconnect attempt fails
 	reconnects int64
 	gone       sftp.Stats    // byte counts of sessions that have ended
 	quit       chan struct{} // closed with the pool: stops the reconnect loop
@@ -343,7 +350,8 @@ func Dial(ctx context.Context, ep *Endpoint, log *slog.Logger) (*Pool, error) {
 	if ep.MaxConns < 1 {
 		ep.MaxConns = 1
 	}
-	return &Pool{ep: ep, log: log, sessions: []*session{s}, up: make(chan struct{}), quit: make(chan struct{})}, nil
+	return &Pool{ep: ep, log: log, sessions: []*session{s},
+		up: make(chan struct{}), tried: make(chan struct{}), quit: make(chan struct{})}, nil
 }
 
 // NewDownPool returns a pool for an endpoint that could not be reached (err): a
@@ -353,7 +361,8 @@ func NewDownPool(ep *Endpoint, err error, log *slog.Logger) *Pool {
 	if ep.MaxConns < 1 {
 		ep.MaxConns = 1
 	}
-	p := &Pool{ep: ep, log: log, up: make(chan struct{}), quit: make(chan struct{}), dialing: true, lastErr: err}
+	p := &Pool{ep: ep, log: log, up: make(chan struct{}), tried: make(chan struct{}), quit: make(chan struct{}),
+		dialing: true, lastErr: err}
 	go p.reconnect()
 	return p
 }
@@ -407,7 +416,9 @@ func (p *Pool) pruneLocked() *sftp.Client {
 var ErrUnavailable = errors.New("source unavailable")
 
 // Get returns a live session's client, the least busy one. With none alive it waits
-// for the reconnect loop until ctx ends.
+// for the reconnect loop's next attempt (or until ctx ends): if that attempt fails, the
+// caller hears at once that the server is unreachable rather than waiting out its
+// deadline again and again while the server stays down.
 func (p *Pool) Get(ctx context.Context) (*sftp.Client, error) {
 	for {
 		p.mu.Lock()
@@ -425,10 +436,15 @@ func (p *Pool) Get(ctx context.Context) (*sftp.Client, error) {
 			return best, nil
 		}
 		p.stateLocked() // starts the reconnect loop
-		up, lastErr := p.up, p.lastErr
+		up, tried, lastErr := p.up, p.tried, p.lastErr
 		p.mu.Unlock()
 		select {
 		case <-up:
+		case <-tried:
+			p.mu.Lock()
+			lastErr = p.lastErr
+			p.mu.Unlock()
+			return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, p.ep.String(), lastErr)
 		case <-ctx.Done():
 			cause := ctx.Err()
 			if lastErr != nil {
@@ -472,6 +488,8 @@ func (p *Pool) reconnect() {
 		}
 		first := p.lastErr == nil
 		p.lastErr = err
+		close(p.tried)
+		p.tried = make(chan struct{})
 		p.mu.Unlock()
 		if first {
 			p.log.Warn("server unreachable; retrying in the background", "endpoint", p.ep.String(), "err", err)

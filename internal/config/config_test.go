@@ -164,3 +164,50 @@ func TestLoadFileErrors(t *testing.T) {
 		}
 	}
 }
+
+// FuzzOptions: any -o list is applied or refused with an error, never a panic, and
+// what is accepted stays within the documented ranges.
+func FuzzOptions(f *testing.F) {
+	for _, s := range []string{"allow_other,max_conns=8", "timeout=0.5", "IdentityFile=/k", `a\,b`, "cache_timeout=-1", "port=0"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		c := &Config{Options: Defaults()}
+		if err := c.ApplyOptions(in); err != nil {
+			return
+		}
+		o := c.Options
+		if o.MaxConns < 1 || o.MaxConns > 64 || o.Timeout < 100*time.Millisecond || o.Port < 0 || o.Port > 65535 || o.CacheTimeout < 0 {
+			t.Errorf("%q accepted out of range: %+v", in, o)
+		}
+	})
+}
+
+// FuzzConfigFile: any file content loads or fails with an error naming the file.
+func FuzzConfigFile(f *testing.F) {
+	f.Add("[[mount]]\npath = \"/\"\nsources = [\"h:/x\", { url = \"g:/y\", replicas = [\"k:/y\"], on_down = \"fail-closed\" }]\n")
+	f.Add("mountpoint = \"~/m\"\n[options]\ntimeout = 5\n")
+	f.Add("[[mount]]\npath = \"x\"")
+	f.Fuzz(func(t *testing.T, content string) {
+		file := filepath.Join(t.TempDir(), "c.toml")
+		if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c := &Config{Options: Defaults()}
+		if err := c.LoadFile(file); err != nil {
+			if !strings.Contains(err.Error(), file) && !strings.Contains(err.Error(), "source") && !strings.Contains(err.Error(), "option") {
+				t.Errorf("error does not say where: %v", err)
+			}
+			return
+		}
+		for _, m := range c.Mounts {
+			for _, s := range m.Sources {
+				for _, r := range append([]Source{s}, s.Replicas...) {
+					if r.IsRemote() && (r.Host == "" || strings.HasPrefix(r.Host, "-")) {
+						t.Errorf("accepted source %+v", r)
+					}
+				}
+			}
+		}
+	})
+}

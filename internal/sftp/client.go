@@ -197,7 +197,7 @@ func (c *Client) fail(cause error) {
 		c.mu.Unlock()
 		return
 	}
-	c.err = fmt.Errorf("%w: %v", ErrClosed, cause)
+	c.err = fmt.Errorf("%w: %w", ErrClosed, cause)
 	c.pending = nil
 	close(c.closed)
 	c.mu.Unlock()
@@ -206,9 +206,12 @@ func (c *Client) fail(cause error) {
 	}
 }
 
+// ErrClientClosed is the cause of a session ended by Close.
+var ErrClientClosed = errors.New("closed by client")
+
 // Close ends the session.
 func (c *Client) Close() error {
-	c.fail(errors.New("closed by client"))
+	c.fail(ErrClientClosed)
 	return nil
 }
 
@@ -278,11 +281,9 @@ func (k *call) wait(ctx context.Context) (response, error) {
 			return response{}, k.c.Err()
 		}
 	case <-ctx.Done():
-		k.c.mu.Lock()
-		if k.c.pending != nil {
-			delete(k.c.pending, k.id)
-		}
-		k.c.mu.Unlock()
+		// The request stays pending (its answer, if it comes, is dropped into the
+		// buffered channel): an unanswered request is what the stall watchdog
+		// looks for, whether or not anyone still waits for it.
 		return response{}, ctx.Err()
 	}
 }
@@ -396,7 +397,13 @@ func parseAttrs(r response, err error, op, path string) (Attrs, error) {
 	}
 	rd := &reader{b: r.data}
 	a := rd.attrs()
-	return a, rd.err
+	if rd.err != nil {
+		return Attrs{}, rd.err
+	}
+	if err := a.Check(); err != nil {
+		return Attrs{}, fmt.Errorf("sftp %s %s: %w", op, path, err)
+	}
+	return a, nil
 }
 
 func (c *Client) expectHandle(ctx context.Context, op string, b *buffer, id uint32, path string) (string, error) {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -286,15 +287,53 @@ func TestMalformedReplies(t *testing.T) {
 			t.Errorf("got %v", err)
 		}
 	})
+	t.Run("stall mid-reply", func(t *testing.T) {
+		c := fakeServer(t, func(w io.Writer, id uint32) {
+			b := newPacket(fxpAttrs, id)
+			b.attrs(&Attrs{Flags: AttrSize, Size: 1})
+			pkt := b.finish()
+			w.Write(pkt[:len(pkt)/2]) //nolint:errcheck // and then nothing more
+		})
+		c.Watch(200 * time.Millisecond)
+		start := time.Now()
+		_, err := c.Lstat(ctx, "/x")
+		if !errors.Is(err, ErrClosed) || !strings.Contains(err.Error(), "stopped answering") {
+			t.Errorf("got %v, want the session ended as stalled", err)
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("the stalled request took %v with a 200 ms watchdog", took)
+		}
+	})
+	t.Run("slow but alive is not stalled", func(t *testing.T) {
+		c := fakeServer(t, func(w io.Writer, id uint32) {
+			time.Sleep(100 * time.Millisecond)
+			b := newPacket(fxpAttrs, id)
+			b.attrs(&Attrs{Flags: AttrSize, Size: 1})
+			w.Write(b.finish()) //nolint:errcheck
+		})
+		c.Watch(300 * time.Millisecond)
+		// Ten requests answered one after another take 1 s in all, but each packet
+		// arrives within the watchdog's 300 ms.
+		var wg sync.WaitGroup
+		for i := 0; i < 10; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := c.Lstat(ctx, "/x"); err != nil {
+					t.Errorf("slow server: %v", err)
+				}
+			}()
+		}
+		wg.Wait()
+	})
 	t.Run("absurd size", func(t *testing.T) {
 		c := fakeServer(t, func(w io.Writer, id uint32) {
 			b := newPacket(fxpAttrs, id)
 			b.attrs(&Attrs{Flags: AttrSize, Size: 1 << 63})
 			w.Write(b.finish()) //nolint:errcheck
 		})
-		a, err := c.Lstat(ctx, "/x")
-		if err != nil || a.Flags&AttrSize != 0 {
-			t.Errorf("a size beyond int64 must be dropped: %+v %v", a, err)
+		if _, err := c.Lstat(ctx, "/x"); err == nil || !strings.Contains(err.Error(), "impossible file size") {
+			t.Errorf("a size beyond int64 must be an error that says so: %v", err)
 		}
 	})
 }
@@ -322,8 +361,70 @@ func FuzzAttrs(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r := &reader{b: data}
 		a := r.attrs()
-		if r.err == nil && a.Size > 1<<63-1 {
-			t.Error("size beyond int64 accepted")
+		if r.err == nil && a.Size > 1<<63-1 && a.Check() == nil {
+			t.Error("size beyond int64 passes the check")
 		}
+	})
+}
+
+// FuzzServerStream feeds arbitrary bytes as a server's whole output, after a valid
+// version packet, to a client making every kind of request: whatever comes, each
+// request ends (with data or an error) and nothing panics.
+func FuzzServerStream(f *testing.F) {
+	attrs := newPacket(fxpAttrs, 1)
+	attrs.attrs(&Attrs{Flags: AttrSize, Size: 3})
+	f.Add(attrs.finish())
+	f.Add([]byte{0, 0, 0, 5, fxpStatus, 0, 0, 0, 1})
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0})
+	f.Add([]byte{0, 0, 0, 1})
+	f.Fuzz(func(t *testing.T, stream []byte) {
+		cr, sw := io.Pipe()
+		sr, cw := io.Pipe()
+		go func() {
+			io.ReadFull(sr, make([]byte, 9)) //nolint:errcheck // init
+			v := newPacket(fxpVersion, 3)
+			sw.Write(v.finish())    //nolint:errcheck
+			sw.Write(stream)        //nolint:errcheck
+			sw.Close()              // and then the server is gone: pending requests end
+			io.Copy(io.Discard, sr) //nolint:errcheck
+		}()
+		c, err := NewClient(context.Background(), cr, cw, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { c.Close(); sw.Close(); sr.Close() }()
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		c.Lstat(ctx, "/x")                           //nolint:errcheck
+		c.ReadDir(ctx, "/d")                         //nolint:errcheck
+		c.Read(ctx, "h", make([]byte, 64), 0)        //nolint:errcheck
+		c.Readlink(ctx, "/l")                        //nolint:errcheck
+		c.Realpath(ctx, ".")                         //nolint:errcheck
+		c.Statvfs(ctx, "/")                          //nolint:errcheck
+		c.OpenAndLstat(ctx, "/f", FlagRead, Attrs{}) //nolint:errcheck
+	})
+}
+
+// FuzzHandshake feeds arbitrary bytes as the server's answer to INIT.
+func FuzzHandshake(f *testing.F) {
+	v := newPacket(fxpVersion, 3)
+	f.Add(v.finish())
+	f.Add([]byte{0, 0, 0, 5, fxpVersion, 0, 0, 0, 3, 0, 0, 0, 4})
+	f.Fuzz(func(t *testing.T, stream []byte) {
+		cr, sw := io.Pipe()
+		sr, cw := io.Pipe()
+		go func() {
+			io.ReadFull(sr, make([]byte, 9)) //nolint:errcheck // init
+			sw.Write(stream)                 //nolint:errcheck
+			sw.Close()
+			io.Copy(io.Discard, sr) //nolint:errcheck
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		c, err := NewClient(ctx, cr, cw, nil)
+		if err == nil {
+			c.Close()
+		}
+		sr.Close()
 	})
 }

@@ -94,6 +94,16 @@ type Attrs struct {
 	Mtime uint32
 }
 
+// Check reports attributes no file can have. Sizes become int64 offsets everywhere
+// above us: a server claiming more than 2^63-1 bytes is broken, and wrapping the
+// size negative (or quietly reading it as 0) would show a lie.
+func (a Attrs) Check() error {
+	if a.Size > math.MaxInt64 {
+		return fmt.Errorf("server sent an impossible file size (%d bytes)", a.Size)
+	}
+	return nil
+}
+
 // buffer builds an outgoing packet. The first 4 bytes are the length, filled by finish.
 type buffer struct{ b []byte }
 
@@ -200,12 +210,6 @@ func (r *reader) attrs() Attrs {
 			r.bytes()
 			r.bytes()
 		}
-	}
-	if a.Size > math.MaxInt64 {
-		// Sizes become int64 offsets everywhere above us; a server claiming more is
-		// broken. Drop the size rather than wrap it negative.
-		a.Flags &^= AttrSize
-		a.Size = 0
 	}
 	return a
 }
