@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand"
@@ -372,6 +373,21 @@ func TestFaultKillSSH(t *testing.T) {
 	}
 	t.Logf("recovered after %v", w.faultEnded())
 	w.finish(false)
+	out := run(t, muxfsBin+" status --json "+mp)
+	var st struct {
+		Sources []struct {
+			Retries, Reopened int64
+			Members           []struct{ Reconnects int64 }
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil || len(st.Sources) != 1 {
+		t.Fatalf("status --json: %v\n%s", err, out)
+	}
+	s := st.Sources[0]
+	t.Logf("status: %d requests retried, %d open files reopened, %d reconnects", s.Retries, s.Reopened, s.Members[0].Reconnects)
+	if s.Members[0].Reconnects < 3 {
+		t.Errorf("three kills, %d reconnects counted", s.Members[0].Reconnects)
+	}
 }
 
 // TestFaultStopSSHD: the server goes away (sshd and all its sessions killed) for
