@@ -122,6 +122,10 @@ func runDemo(args []string, keep bool) error {
 
 // demoTour drives the mount from a shell, a separate process, as a user would.
 func demoTour(mp string, dataDirs map[string]string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
 	steps := []struct{ say, cmd string }{
 		{"one tree, names from both servers, each listed once", "ls -l " + mp},
 		{"README.txt is on both servers: the first source wins", "cat " + mp + "/README.txt"},
@@ -130,6 +134,9 @@ func demoTour(mp string, dataDirs map[string]string) error {
 		{"a new file goes where its directory exists (data/ is on server 2)", "echo hello > " + mp + "/data/new.txt && ls " + dataDirs["project"] + "/data"},
 		{"rename and remove work as on a local disk", "mv " + mp + "/data/new.txt " + mp + "/data/renamed.txt && rm " + mp + "/data/renamed.txt && ls " + mp + "/data"},
 		{"capacity is the sum of both servers", "df -h " + mp},
+		{"every ssh connection killed: muxfs reconnects by itself, nothing fails",
+			fmt.Sprintf("pkill -KILL -x -P %d ssh; cat %s/README.txt && md5sum %s/src/*.c", os.Getpid(), mp, mp)},
+		{"the health of each server: sessions, round-trip time, traffic, reconnects", self + " status " + mp},
 	}
 	for _, s := range steps {
 		fmt.Printf("# %s\n$ %s\n", s.say, strings.ReplaceAll(s.cmd, mp, "MNT"))

@@ -581,7 +581,12 @@ func (p *Pool) openMore() {
 	defer p.mu.Unlock()
 	p.opening = false
 	if err != nil {
-		p.log.Warn("could not open another SFTP session; going on with fewer", "endpoint", p.ep.String(), "err", err)
+		// Worth a warning only while the server is otherwise reachable (a key that
+		// needs a passphrase, a session limit); a server going away is reported by
+		// the reconnect loop.
+		if p.pruneLocked() != nil {
+			p.log.Warn("could not open another SFTP session; going on with fewer", "endpoint", p.ep.String(), "err", err)
+		}
 		return
 	}
 	if p.closed {

@@ -32,7 +32,6 @@ type Client struct {
 
 	closer     io.Closer
 	extensions map[string]string
-	inFlight   atomic.Int64
 
 	// lastActive is when a packet last arrived, or when a request was sent while
 	// none was outstanding (unix nanoseconds): the stall watchdog's clock.
@@ -226,7 +225,11 @@ func (c *Client) Err() error {
 }
 
 // InFlight is the number of requests sent and not yet answered.
-func (c *Client) InFlight() int64 { return c.inFlight.Load() }
+func (c *Client) InFlight() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int64(len(c.pending))
+}
 
 // HasExtension reports whether the server announced the named extension.
 func (c *Client) HasExtension(name string) bool {
@@ -255,12 +258,10 @@ func (c *Client) start(b *buffer, id uint32) (*call, error) {
 	}
 	c.pending[id] = ch
 	c.mu.Unlock()
-	c.inFlight.Add(1)
 	c.wmu.Lock()
 	_, err := c.w.Write(b.finish())
 	c.wmu.Unlock()
 	if err != nil {
-		c.inFlight.Add(-1)
 		c.fail(fmt.Errorf("writing request: %w", err))
 		return nil, c.Err()
 	}
@@ -268,7 +269,6 @@ func (c *Client) start(b *buffer, id uint32) (*call, error) {
 }
 
 func (k *call) wait(ctx context.Context) (response, error) {
-	defer k.c.inFlight.Add(-1)
 	select {
 	case r := <-k.ch:
 		return r, nil
@@ -321,7 +321,7 @@ type Stats struct {
 
 // Stats returns the session's counters.
 func (c *Client) Stats() Stats {
-	return Stats{InFlight: c.inFlight.Load(), RTT: time.Duration(c.rtt.Load()),
+	return Stats{InFlight: c.InFlight(), RTT: time.Duration(c.rtt.Load()),
 		BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load()}
 }
 
