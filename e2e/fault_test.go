@@ -512,7 +512,12 @@ func TestRandomIntegrityWithKills(t *testing.T) {
 	var model []byte
 	const maxSize = 4 << 20
 	var ops int
-	end := time.Now().Add(12 * time.Second)
+	// 12 s in the suite; MUXFS_INTEGRITY_SECONDS=N runs it longer.
+	duration := 12 * time.Second
+	if v, err := strconv.Atoi(os.Getenv("MUXFS_INTEGRITY_SECONDS")); err == nil && v > 0 {
+		duration = time.Duration(v) * time.Second
+	}
+	end := time.Now().Add(duration)
 	for ; time.Now().Before(end); ops++ {
 		switch op := rng.Intn(10); {
 		case op < 5:

@@ -1,0 +1,68 @@
+package mux
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"github.com/muxfs/muxfs/internal/backend"
+	"github.com/muxfs/muxfs/internal/config"
+)
+
+// TestDegradedMember: a member that is down drops out of resolution and placement,
+// and comes back when it is up.
+func TestDegradedMember(t *testing.T) {
+	l, dirs := layer(t, 2, config.PolicyEPFF)
+	put(t, filepath.Join(dirs[0], "d", "only0"))
+	put(t, filepath.Join(dirs[1], "d", "only1"))
+	put(t, filepath.Join(dirs[1], "top"))
+	var state atomic.Int32 // backend.State of member 0
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	l.Branches[0].Backend = NewDegraded(l.Branches[0].Backend, func() backend.State { return backend.State(state.Load()) }, log)
+	ctx := context.Background()
+
+	f, err := l.Resolve(ctx, "d")
+	if err != nil || len(f.Dirs) != 2 {
+		t.Fatalf("both members up: %+v %v", f, err)
+	}
+	state.Store(int32(backend.StateDown))
+	f, err = l.Resolve(ctx, "d")
+	if err != nil || f.Index != 1 || len(f.Dirs) != 1 {
+		t.Errorf("member 0 down: resolved %+v %v, want only member 1", f, err)
+	}
+	if _, err := l.Branches[0].Backend.ReadDir(ctx, "d"); backend.ToErrno(err) != syscall.ENOENT {
+		t.Errorf("listing a member that is out: %v, want ENOENT", err)
+	}
+	if i, err := l.Place(ctx, "d", []int{0, 1}); err != nil || i != 1 {
+		t.Errorf("placement with member 0 down: %d %v, want member 1", i, err)
+	}
+	state.Store(int32(backend.StateUp))
+	if f, err := l.Resolve(ctx, "d"); err != nil || len(f.Dirs) != 2 {
+		t.Errorf("member 0 back: %+v %v", f, err)
+	}
+}
+
+// TestDegradedUnavailableAnswer: an answer that says the member could not be reached
+// takes it out at once, without waiting for its state to change.
+func TestDegradedUnavailableAnswer(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	d := NewDegraded(unreachable{}, func() backend.State { return backend.StateConnecting }, log)
+	if _, err := d.Lstat(context.Background(), "x"); backend.ToErrno(err) != syscall.ENOENT {
+		t.Errorf("got %v, want ENOENT", err)
+	}
+	if d.Available() {
+		t.Error("still available after an unavailable answer")
+	}
+}
+
+type unreachable struct{ backend.Backend }
+
+func (unreachable) String() string { return "unreachable" }
+
+func (unreachable) Lstat(context.Context, string) (backend.Attr, error) {
+	return backend.Attr{}, &backend.Error{Op: "lstat", Errno: syscall.EIO, Cause: backend.ErrUnavailable}
+}
