@@ -584,7 +584,9 @@ func TestUnionMemberDown(t *testing.T) {
 	writeFile(t, e.data[0]+"/shared/x0", "0")
 	writeFile(t, e.data[1]+"/b.txt", "b")
 	writeFile(t, e.data[1]+"/shared/x1", "1")
-	mp := e.mount(e.source(0, ""), e.source(1, ""), "-o", "timeout=3")
+	// offline=off: the persistent cache would otherwise keep serving the member's
+	// cached names read-only (TestOffline).
+	mp := e.mount(e.source(0, ""), e.source(1, ""), "-o", "timeout=3,offline=off")
 	if got := strings.Join(names(t, mp), " "); got != "a.txt b.txt shared" {
 		t.Fatalf("union before the fault: %q", got)
 	}

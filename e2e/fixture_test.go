@@ -29,6 +29,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	os.Chmod(dir, 0o755) //nolint:errcheck // the unprivileged test needs to run it
+	// Every muxfs the tests start keeps its persistent cache here, never in the
+	// machine's ~/.cache.
+	os.Setenv("XDG_CACHE_HOME", filepath.Join(dir, "cache")) //nolint:errcheck
 	muxfsBin = filepath.Join(dir, "muxfs")
 	build := exec.Command("go", "build", "-o", muxfsBin, "../cmd/muxfs")
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr

@@ -68,6 +68,7 @@ type mountFlags struct {
 	foreground bool
 	debug      bool
 	configFile string
+	cacheDir   string
 	version    bool
 }
 
@@ -97,7 +98,8 @@ func newRoot() *cobra.Command {
 	f.BoolVarP(&mf.foreground, "foreground", "f", false, "stay in the foreground")
 	f.BoolVarP(&mf.debug, "debug", "d", false, "debug output (implies -f)")
 	f.StringVar(&mf.configFile, "config", "", "TOML config file with the mount table")
+	f.StringVar(&mf.cacheDir, "cache-dir", "", "persistent cache directory (default $XDG_CACHE_HOME/muxfs or ~/.cache/muxfs)")
 	f.BoolVarP(&mf.version, "version", "V", false, "print the version")
-	root.AddCommand(newUmount(), newDemo(), newRefresh(), newStatus())
+	root.AddCommand(newUmount(), newDemo(), newRefresh(), newStatus(), newCache())
 	return root
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/muxfs/muxfs/internal/cache"
 	"github.com/muxfs/muxfs/internal/config"
 	"github.com/muxfs/muxfs/internal/control"
+	"github.com/muxfs/muxfs/internal/diskcache"
 	"github.com/muxfs/muxfs/internal/fusefs"
 	"github.com/muxfs/muxfs/internal/mountinfo"
 	"github.com/muxfs/muxfs/internal/mux"
@@ -58,6 +59,9 @@ func buildConfig(mf mountFlags, args []string) (*config.Config, error) {
 	}
 	if mf.sshConfig != "" {
 		cfg.Options.ConfigFile = mf.sshConfig
+	}
+	if mf.cacheDir != "" {
+		cfg.Options.CacheDir = mf.cacheDir
 	}
 	if mf.debug {
 		cfg.Options.Debug = true
@@ -243,13 +247,15 @@ type mounted struct {
 	pools    []*backend.Pool
 	started  time.Time
 	status   []statusSource
+	disk     *diskcache.Cache // nil: no persistent cache
 }
 
 // statusSource is what `muxfs status` reports on for one source.
 type statusSource struct {
 	at    string
 	b     backend.Backend
-	cache *cache.Source // nil with the caches off
+	cache *cache.Source     // nil with the caches off
+	disk  *diskcache.Source // nil without the persistent cache
 }
 
 func (m *mounted) close() {
@@ -258,6 +264,9 @@ func (m *mounted) close() {
 	}
 	for _, p := range m.pools {
 		p.Release()
+	}
+	if m.disk != nil {
+		m.disk.Close()
 	}
 }
 
@@ -280,6 +289,13 @@ func (m *mounted) report(mp string) mountStatus {
 		if ss.cache != nil {
 			st.CacheHits, st.CacheMisses = ss.cache.Stats()
 		}
+		if ss.disk != nil {
+			ds := ss.disk.Store().Stats()
+			st.DiskBytes, st.DiskHitBytes, st.DiskFetchedBytes = ds.Bytes, ds.HitBytes, ds.Fetched
+			if ss.disk.Offline() {
+				st.State = "offline"
+			}
+		}
 		out.Sources = append(out.Sources, st)
 	}
 	return out
@@ -298,6 +314,9 @@ func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger) (*m
 			prefetch = cache.NewPrefetcher(8)
 		}
 	}
+	if err := m.openDiskCache(cfg, log); err != nil {
+		return nil, nil, err
+	}
 	var layers []*mux.Layer
 	id := 0
 	for _, mt := range cfg.Mounts {
@@ -310,13 +329,26 @@ func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger) (*m
 			}
 			m.backends = append(m.backends, b)
 			ss := statusSource{at: mt.Path, b: b}
+			health, _ := b.(interface{ State() backend.State })
+			var offline func() bool
+			if m.disk != nil && health != nil {
+				if store, err := m.disk.Store(b.String()); err != nil {
+					log.Warn("going without the persistent cache for this source", "source", b.String(), "err", err)
+				} else {
+					ss.disk = diskcache.Wrap(b, store, cfg.Options.DiskCache == config.DiskFull, cfg.Options.Offline, health.State, log)
+					b, offline = ss.disk, ss.disk.Offline
+				}
+			}
 			if meta != nil {
 				ss.cache = cache.Wrap(b, id, meta, prefetch)
+				if ss.disk != nil {
+					ss.cache.SetPersist(ss.disk.Store(), offline)
+				}
 				b = ss.cache
 			}
 			m.status = append(m.status, ss)
-			if st, ok := m.backends[len(m.backends)-1].(interface{ State() backend.State }); ok && len(mt.Sources) > 1 && !src.FailClosed {
-				b = mux.NewDegraded(b, st.State, log)
+			if health != nil && len(mt.Sources) > 1 && !src.FailClosed {
+				b = mux.NewDegraded(b, health.State, offline, log)
 			}
 			layer.Branches = append(layer.Branches, &mux.Branch{ID: id, Backend: b,
 				ReadOnly: src.ReadOnly || cfg.Options.ReadOnly, NoCreate: src.NoCreate})
@@ -330,6 +362,37 @@ func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger) (*m
 		return nil, nil, err
 	}
 	return table, m, nil
+}
+
+// openDiskCache opens the persistent cache unless it is off. A cache directory the
+// user named must work; the default one may fail (a read-only home, say), and the
+// mount then goes without, with a warning.
+func (m *mounted) openDiskCache(cfg *config.Config, log *slog.Logger) error {
+	o := cfg.Options
+	if o.DiskCache == config.DiskOff {
+		return nil
+	}
+	dir := o.CacheDir
+	if dir == "" {
+		def, err := diskcache.DefaultDir()
+		if err != nil {
+			log.Warn("no cache directory; going without the persistent cache", "err", err)
+			return nil
+		}
+		dc, err := diskcache.Open(def, diskcache.Options{MaxSize: o.CacheMaxSize, MinFree: o.CacheMinFree}, log)
+		if err != nil {
+			log.Warn("going without the persistent cache", "err", err)
+			return nil
+		}
+		m.disk = dc
+		return nil
+	}
+	dc, err := diskcache.Open(dir, diskcache.Options{MaxSize: o.CacheMaxSize, MinFree: o.CacheMinFree}, log)
+	if err != nil {
+		return fmt.Errorf("%v — give a directory you can write with --cache-dir, or -o cache=off", err)
+	}
+	m.disk = dc
+	return nil
 }
 
 func openSource(ctx context.Context, cfg *config.Config, src config.Source, pools map[string]*backend.Pool, m *mounted, log *slog.Logger) (backend.Backend, error) {
@@ -479,6 +542,31 @@ func serve(cfg *config.Config, onReady func(mp string) error) error {
 			return nil, fsys.Refresh(req.Path)
 		case "status":
 			return m.report(cfg.Mountpoint), nil
+		case "cache-status":
+			var out []diskcache.Stats
+			if m.disk != nil {
+				for _, st := range m.disk.Stores() {
+					out = append(out, st.Stats())
+				}
+			}
+			return out, nil
+		case "cache-clear":
+			if m.disk == nil {
+				return nil, nil
+			}
+			var cleared []string
+			for _, st := range m.disk.Stores() {
+				if req.Path == "" || req.Path == st.Name() {
+					if err := st.Clear(); err != nil {
+						return nil, err
+					}
+					cleared = append(cleared, st.Name())
+				}
+			}
+			if req.Path == "" {
+				fsys.Refresh("/") //nolint:errcheck // the memory caches follow
+			}
+			return cleared, nil
 		}
 		return nil, fmt.Errorf("unknown request %q", req.Op)
 	})

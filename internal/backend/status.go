@@ -5,7 +5,7 @@ import "time"
 // SourceStatus is a source's health and counters, for `muxfs status`.
 type SourceStatus struct {
 	Source   string         `json:"source"`
-	State    string         `json:"state"` // up, degraded (a replica member is out), connecting, down, local
+	State    string         `json:"state"` // up, degraded (a replica member is out), connecting, down, offline (served from the cache), local
 	Errors   int64          `json:"errors"`
 	Retries  int64          `json:"retries"`  // requests sent again after a lost connection
 	Reopened int64          `json:"reopened"` // open files moved to a new session
@@ -15,6 +15,10 @@ type SourceStatus struct {
 	At          string `json:"at,omitempty"`
 	CacheHits   int64  `json:"cache_hits"`
 	CacheMisses int64  `json:"cache_misses"`
+	// The persistent cache: bytes held, bytes read from it, bytes fetched through it.
+	DiskBytes        int64 `json:"disk_cache_bytes"`
+	DiskHitBytes     int64 `json:"disk_cache_hit_bytes"`
+	DiskFetchedBytes int64 `json:"disk_cache_fetched_bytes"`
 }
 
 // MemberStatus is one server of a source (one, or each member of a replica set).

@@ -232,6 +232,27 @@ type Source struct {
 	prefetch *Prefetcher
 
 	hits, misses atomic.Int64 // lookups and listings answered from the cache, or not
+
+	// persist, if set, keeps listings across mounts (the disk cache); offline then
+	// says when the source cannot be reached and the stored listings answer alone.
+	persist Persister
+	offline func() bool
+}
+
+// Persister keeps directory listings across mounts: the persistent cache.
+type Persister interface {
+	SaveListing(p string, list []backend.Entry, at time.Time)
+	LoadListing(p string) ([]backend.Entry, time.Time, bool)
+	SaveAttr(p string, a backend.Attr)
+	LoadAttr(p string) (backend.Attr, bool)
+	ForgetListings(dirs ...string)
+	ForgetTree(dir string)
+}
+
+// SetPersist attaches a persistent store of listings. offline reports, without
+// waiting, whether the source is unreachable.
+func (s *Source) SetPersist(p Persister, offline func() bool) {
+	s.persist, s.offline = p, offline
 }
 
 // Stats returns how many lookups and listings the cache answered, and how many it
@@ -252,12 +273,18 @@ func (s *Source) Lstat(ctx context.Context, p string) (backend.Attr, error) {
 		}
 		return a, nil
 	}
+	if s.persist != nil && s.offline() {
+		return s.offlineLstat(ctx, p)
+	}
 	s.misses.Add(1)
 	stamp := s.meta.stamp(s.id, p)
 	a, err := s.Backend.Lstat(ctx, p)
 	switch {
 	case err == nil:
 		s.meta.putAttr(s.id, p, a, false, now, stamp)
+		if s.persist != nil {
+			s.persist.SaveAttr(p, a)
+		}
 	case backend.ToErrno(err) == syscall.ENOENT:
 		s.meta.putAttr(s.id, p, backend.Attr{}, true, now, stamp)
 	}
@@ -273,6 +300,14 @@ func (s *Source) ReadDir(ctx context.Context, p string) ([]backend.Entry, error)
 			s.prefetch.children(s, p, list)
 		}
 		return list, nil
+	}
+	if list, ok := s.storedListing(p, now); ok {
+		s.hits.Add(1)
+		return list, nil
+	}
+	if s.persist != nil && s.offline() {
+		return nil, &backend.Error{Op: "readdir", Source: s.String(), Path: p, Errno: syscall.EIO,
+			Cause: fmt.Errorf("%w: offline, and this directory is not cached", backend.ErrUnavailable)}
 	}
 	s.misses.Add(1)
 	list, err := s.fetchListing(ctx, p)
@@ -296,6 +331,9 @@ func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, e
 			return nil, err
 		}
 		s.meta.putListing(s.id, p, list, now, stamp)
+		if s.persist != nil && s.meta.stamp(s.id, p) == stamp {
+			s.persist.SaveListing(p, list, now)
+		}
 		return list, nil
 	})
 	if err != nil {
@@ -304,12 +342,96 @@ func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, e
 	return v.([]backend.Entry), nil
 }
 
+// storedListing answers a listing from the persistent cache: as it is while it is
+// younger than the TTL or the source is offline; older, it is answered at once and
+// fetched again in the background (a remounted tree is warm at once, and catches up).
+func (s *Source) storedListing(p string, now time.Time) ([]backend.Entry, bool) {
+	if s.persist == nil {
+		return nil, false
+	}
+	list, at, ok := s.persist.LoadListing(p)
+	if !ok {
+		return nil, false
+	}
+	stamp := s.meta.stamp(s.id, p)
+	fresh := now.Sub(at) < s.meta.TTL
+	offline := s.offline()
+	if fresh {
+		s.meta.putListing(s.id, p, list, at, stamp)
+	} else {
+		s.meta.putListing(s.id, p, list, now, stamp)
+	}
+	if !fresh && !offline {
+		go s.fetchListing(context.Background(), p) //nolint:errcheck // a failed refresh keeps the stored answer
+	}
+	// No listing ahead here: the subdirectories are most likely stored too.
+	return list, true
+}
+
+// offlineLstat answers a lookup from the stored listing of the parent while the source
+// is offline.
+func (s *Source) offlineLstat(_ context.Context, p string) (backend.Attr, error) {
+	if p == "" {
+		return backend.Attr{Mode: syscall.S_IFDIR | 0o555}, nil
+	}
+	dir, name := parentOf(p)
+	// The path's own attributes first: they are stored at every lookup, open and
+	// close, so they are newer than a listing of its directory.
+	if a, ok := s.persist.LoadAttr(p); ok {
+		return a, nil
+	}
+	if list, ok := s.storedListing(dir, time.Now()); ok {
+		for _, e := range list {
+			if e.Name == name {
+				return e.Attr, nil
+			}
+		}
+		return backend.Attr{}, syscall.ENOENT
+	}
+	if _, _, ok := s.persist.LoadListing(p); ok {
+		// Its own attributes were dropped by a change inside it, but it was listed:
+		// a directory.
+		return backend.Attr{Mode: syscall.S_IFDIR | 0o555}, nil
+	}
+	return backend.Attr{}, &backend.Error{Op: "lstat", Source: s.String(), Path: p, Errno: syscall.EIO,
+		Cause: fmt.Errorf("%w: offline, and this directory is not cached", backend.ErrUnavailable)}
+}
+
 // Refresh drops everything cached at or below p.
-func (s *Source) Refresh(p string) { s.meta.InvalidateTree(s.id, p) }
+func (s *Source) Refresh(p string) {
+	s.meta.InvalidateTree(s.id, p)
+	if s.persist != nil {
+		s.persist.ForgetTree(p)
+	}
+}
 
 func (s *Source) changed(paths ...string) {
 	for _, p := range paths {
 		s.meta.Invalidate(s.id, p)
+		if s.persist != nil {
+			dir, _ := parentOf(p)
+			s.persist.ForgetListings(p, dir)
+		}
+	}
+}
+
+// changedContent is changed for a file whose content (size, mtime) changes through a
+// handle: its stored attributes stay, as the handle's next Stat stores them anew.
+func (s *Source) changedContent(p string) {
+	s.meta.Invalidate(s.id, p)
+	if s.persist != nil {
+		dir, _ := parentOf(p)
+		s.persist.ForgetListings(dir)
+	}
+}
+
+// changedTree is changed for a path whose whole subtree changes (rmdir, rename).
+func (s *Source) changedTree(p string) {
+	s.meta.InvalidateTree(s.id, p)
+	if s.persist != nil {
+		dir, _ := parentOf(p)
+		s.persist.ForgetTree(p)
+		s.persist.ForgetListings(dir)
 	}
 }
 
@@ -319,7 +441,7 @@ func (s *Source) Mkdir(ctx context.Context, p string, mode uint32) error {
 }
 
 func (s *Source) Rmdir(ctx context.Context, p string) error {
-	defer s.meta.InvalidateTree(s.id, p)
+	defer s.changedTree(p)
 	return s.Backend.Rmdir(ctx, p)
 }
 
@@ -329,8 +451,8 @@ func (s *Source) Unlink(ctx context.Context, p string) error {
 }
 
 func (s *Source) Rename(ctx context.Context, from, to string) error {
-	defer s.meta.InvalidateTree(s.id, from)
-	defer s.meta.InvalidateTree(s.id, to)
+	defer s.changedTree(from)
+	defer s.changedTree(to)
 	return s.Backend.Rename(ctx, from, to)
 }
 
@@ -361,6 +483,9 @@ func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (ba
 	}
 	// An open is a fresh look at the file: later stats agree with it.
 	s.meta.putAttr(s.id, p, f.OpenedAttr(), false, time.Now(), stamp)
+	if s.persist != nil {
+		s.persist.SaveAttr(p, f.OpenedAttr())
+	}
 	return f, nil
 }
 
@@ -372,16 +497,26 @@ type file struct {
 }
 
 func (f *file) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	defer f.s.changed(f.path)
+	defer f.s.changedContent(f.path)
 	return f.File.WriteAt(ctx, p, off)
 }
 
 func (f *file) SetAttr(ctx context.Context, set backend.SetAttr) error {
-	defer f.s.changed(f.path)
+	defer f.s.changedContent(f.path)
 	return f.File.SetAttr(ctx, set)
 }
 
 func (f *file) Close(ctx context.Context) error {
-	defer f.s.changed(f.path)
+	defer f.s.changedContent(f.path)
 	return f.File.Close(ctx)
+}
+
+// Stat waits for the file's writes: its answer is what the file now is, kept for an
+// offline mount.
+func (f *file) Stat(ctx context.Context) (backend.Attr, error) {
+	a, err := f.File.Stat(ctx)
+	if err == nil && f.s.persist != nil {
+		f.s.persist.SaveAttr(f.path, a)
+	}
+	return a, err
 }

@@ -32,6 +32,13 @@ type Mount struct {
 	Sources []Source
 }
 
+// Values of -o cache= for the persistent cache.
+const (
+	DiskOff  = "off"
+	DiskMeta = "meta"
+	DiskFull = "full"
+)
+
 // Options are the mount-wide settings. Names follow sshfs where the meaning is the same.
 type Options struct {
 	Foreground         bool
@@ -58,6 +65,16 @@ type Options struct {
 	Cache        bool
 	CacheTimeout time.Duration
 	DirCache     bool
+
+	// The persistent cache: DiskCache is "off", "meta" (listings kept across mounts)
+	// or "full" (file contents too), in CacheDir ("": the default directory), within
+	// CacheMaxSize bytes of data and leaving CacheMinFree bytes free; Offline serves
+	// it read-only while a source is unreachable.
+	DiskCache    string
+	CacheDir     string
+	CacheMaxSize int64
+	CacheMinFree int64
+	Offline      bool
 
 	// Kernel cache timeouts; negative means "the same as CacheTimeout" (or, with the
 	// caches off, libfuse's defaults of 1 s, 1 s and 0 s).
@@ -98,6 +115,10 @@ func Defaults() Options {
 		MaxConns:        4,
 		Timeout:         30 * time.Second,
 		Cache:           true,
+		DiskCache:       DiskFull,
+		CacheMaxSize:    10 << 30,
+		CacheMinFree:    1 << 30,
+		Offline:         true,
 		CacheTimeout:    20 * time.Second, // sshfs' default
 		DirCache:        true,
 		EntryTimeout:    -1,
@@ -265,7 +286,45 @@ func (c *Config) applyOption(key, val string, hasVal bool) error {
 			return fmt.Errorf("option -o timeout=%s: want at least 0.1 seconds (requests must end some time)", val)
 		}
 	case "cache":
-		return yesNo(&o.Cache)
+		// sshfs' yes/no turns the memory caches on or off; off, meta and full also
+		// choose what the persistent cache keeps.
+		switch val {
+		case "yes":
+			o.Cache = true
+		case "no", DiskOff:
+			o.Cache, o.DiskCache = false, DiskOff
+		case DiskMeta, DiskFull:
+			o.Cache, o.DiskCache = true, val
+		default:
+			return fmt.Errorf("option -o cache=%s: want off, meta or full (or yes/no as in sshfs)", val)
+		}
+	case "cache_dir":
+		if err := needVal(); err != nil {
+			return err
+		}
+		o.CacheDir = expandHome(val)
+	case "cache_max_size", "cache_min_free":
+		if err := needVal(); err != nil {
+			return err
+		}
+		n, err := ParseSize(val)
+		if err != nil {
+			return fmt.Errorf("option -o %s=%s: %v", key, val, err)
+		}
+		if key == "cache_max_size" {
+			o.CacheMaxSize = n
+		} else {
+			o.CacheMinFree = n
+		}
+	case "offline":
+		switch val {
+		case "auto":
+			o.Offline = true
+		case "off":
+			o.Offline = false
+		default:
+			return fmt.Errorf("option -o offline=%s: want auto or off", val)
+		}
 	case "dir_cache":
 		return yesNo(&o.DirCache)
 	case "cache_timeout":
@@ -300,6 +359,33 @@ func (c *Config) applyOption(key, val string, hasVal bool) error {
 		return fmt.Errorf("unknown option -o %s — see `muxfs --help` for the list", key)
 	}
 	return nil
+}
+
+// ParseSize reads a size: a number of bytes with an optional K, M, G or T suffix
+// (powers of 1024; "10G", "512M"); 0 means no limit.
+func ParseSize(s string) (int64, error) {
+	mult := int64(1)
+	num := strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(s)), "B")
+	if num != "" {
+		switch num[len(num)-1] {
+		case 'K':
+			mult = 1 << 10
+		case 'M':
+			mult = 1 << 20
+		case 'G':
+			mult = 1 << 30
+		case 'T':
+			mult = 1 << 40
+		}
+		if mult > 1 {
+			num = num[:len(num)-1]
+		}
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || !(f >= 0 && f*float64(mult) <= 1<<62) {
+		return 0, fmt.Errorf("want a size such as 10G, 512M or 0")
+	}
+	return int64(f * float64(mult)), nil
 }
 
 func setPort(dst *int, val string) error {

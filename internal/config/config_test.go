@@ -168,7 +168,7 @@ func TestLoadFileErrors(t *testing.T) {
 // FuzzOptions: any -o list is applied or refused with an error, never a panic, and
 // what is accepted stays within the documented ranges.
 func FuzzOptions(f *testing.F) {
-	for _, s := range []string{"allow_other,max_conns=8", "timeout=0.5", "IdentityFile=/k", `a\,b`, "cache_timeout=-1", "port=0"} {
+	for _, s := range []string{"allow_other,max_conns=8", "timeout=0.5", "cache=meta,cache_max_size=1.5G", "cache_min_free=NaN", "IdentityFile=/k", `a\,b`, "cache_timeout=-1", "port=0"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
@@ -177,7 +177,8 @@ func FuzzOptions(f *testing.F) {
 			return
 		}
 		o := c.Options
-		if o.MaxConns < 1 || o.MaxConns > 64 || o.Timeout < 100*time.Millisecond || o.Port < 0 || o.Port > 65535 || o.CacheTimeout < 0 {
+		if o.MaxConns < 1 || o.MaxConns > 64 || o.Timeout < 100*time.Millisecond || o.Port < 0 || o.Port > 65535 || o.CacheTimeout < 0 ||
+			o.CacheMaxSize < 0 || o.CacheMinFree < 0 || (o.DiskCache != DiskOff && o.DiskCache != DiskMeta && o.DiskCache != DiskFull) {
 			t.Errorf("%q accepted out of range: %+v", in, o)
 		}
 	})
@@ -210,4 +211,26 @@ func FuzzConfigFile(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestCacheOptions(t *testing.T) {
+	c := &Config{Options: Defaults()}
+	if c.Options.DiskCache != DiskFull || !c.Options.Offline || c.Options.CacheMaxSize != 10<<30 {
+		t.Errorf("defaults: %+v", c.Options)
+	}
+	if err := c.ApplyOptions("cache=meta,cache_max_size=512M,cache_min_free=2g,offline=off,cache_dir=/x"); err != nil {
+		t.Fatal(err)
+	}
+	o := c.Options
+	if o.DiskCache != DiskMeta || o.CacheMaxSize != 512<<20 || o.CacheMinFree != 2<<30 || o.Offline || o.CacheDir != "/x" {
+		t.Errorf("got %+v", o)
+	}
+	if err := c.ApplyOptions("cache=no"); err != nil || c.Options.Cache || c.Options.DiskCache != DiskOff {
+		t.Errorf("cache=no: %+v %v", c.Options, err)
+	}
+	for _, bad := range []string{"cache=maybe", "cache_max_size=lots", "cache_max_size=-1", "offline=sometimes"} {
+		if err := c.ApplyOptions(bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
 }

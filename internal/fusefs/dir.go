@@ -287,7 +287,14 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, n.fsys.toErrno(err)
 	}
 	inode := n.newEntry(ctx, name, vp, l, rel, idx, f.OpenedAttr(), out)
-	return inode, inode.Operations().(*node).addHandle(f, openFlags(flags)|os.O_WRONLY), 0, 0
+	child := inode.Operations().(*node)
+	h := child.addHandle(f, openFlags(flags)|os.O_WRONLY)
+	h.mode = child.openMode(false, f.OpenedAttr())
+	var fuseFlags uint32
+	if h.mode == modeDirect {
+		fuseFlags = fuse.FOPEN_DIRECT_IO
+	}
+	return inode, h, fuseFlags, 0
 }
 
 var _ = (fs.NodeSymlinker)((*node)(nil))

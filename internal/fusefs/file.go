@@ -54,8 +54,91 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	if n.keepCache(f.OpenedAttr()) && fl&os.O_TRUNC == 0 {
 		fuseFlags |= fuse.FOPEN_KEEP_CACHE
 	}
+	pf, _ := f.(passthroughFder)
+	if pf != nil && !writes(fl) {
+		if _, ok := pf.PassthroughFd(); !ok {
+			pf = nil
+		}
+	}
+	mode := n.openMode(pf != nil && !writes(fl), f.OpenedAttr())
+	h.mode = mode
+	switch mode {
+	case modePassthrough:
+		return &passthroughHandle{fileHandle: h, pf: pf}, fuseFlags, 0
+	case modeDirect:
+		fuseFlags |= fuse.FOPEN_DIRECT_IO
+	}
 	return h, fuseFlags, 0
 }
+
+// I/O modes of an open handle, as the kernel sees them.
+const (
+	modeCached      = iota // through the page cache and muxfs
+	modeDirect             // through muxfs, around the page cache
+	modePassthrough        // the kernel reads the cache file itself
+)
+
+// openMode decides a new handle's I/O mode and counts it: passthrough if asked for
+// and possible (no page-cached handle open, and any passthrough handle open shows the
+// same version of the file, a); direct while passthrough handles are open; cached
+// otherwise.
+func (n *node) openMode(passthrough bool, a backend.Attr) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	sameVersion := n.ptOpen == 0 || (n.ptAttr.Size == a.Size && n.ptAttr.Mtime.Equal(a.Mtime))
+	switch {
+	case passthrough && n.cachedOpen == 0 && sameVersion:
+		n.ptOpen++
+		n.ptAttr = a
+		return modePassthrough
+	case n.ptOpen > 0:
+		return modeDirect
+	}
+	n.cachedOpen++
+	return modeCached
+}
+
+// closedMode uncounts a released handle.
+func (n *node) closedMode(mode int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	switch mode {
+	case modeCached:
+		n.cachedOpen--
+	case modePassthrough:
+		n.ptOpen--
+	}
+}
+
+// passthroughFder is a backend file that may offer the kernel a local file holding its
+// whole content (the persistent cache).
+type passthroughFder interface{ PassthroughFd() (int, bool) }
+
+// passthroughHandle is a read-only handle whose content the persistent cache holds
+// whole: the kernel may read the cache file itself (FUSE passthrough), at local-disk
+// speed. Only read-only handles are of this type: go-fuse gives the backing file of a
+// node to every handle of that node that offers passthrough, and a write must never
+// bypass muxfs. Where passthrough is refused (it needs CAP_SYS_ADMIN in this kernel),
+// go-fuse stops asking and reads go through Read as usual.
+type passthroughHandle struct {
+	*fileHandle
+	pf passthroughFder
+}
+
+func (h *passthroughHandle) PassthroughFd() (int, bool) { return h.pf.PassthroughFd() }
+
+// asFileHandle returns the fileHandle of any of our handle types, or nil.
+func asFileHandle(fh fs.FileHandle) *fileHandle {
+	switch h := fh.(type) {
+	case *fileHandle:
+		return h
+	case *passthroughHandle:
+		return h.fileHandle
+	}
+	return nil
+}
+
+
 
 // keepCache compares the file as the server has it now (just opened) with what the
 // kernel was last told. Unchanged: the kernel's pages stay valid (KEEP_CACHE).
@@ -132,6 +215,7 @@ type fileHandle struct {
 	n         *node
 	writable  bool
 	appending bool
+	mode      int // modeCached, modeDirect or modePassthrough
 
 	// For a handle open for writing: the file as its writes have made it, so that the
 	// many stats of a compiler or linker need no round trip and no wait for writes in
@@ -219,6 +303,7 @@ var _ = (fs.FileReleaser)((*fileHandle)(nil))
 
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	ctx = uninterruptible(ctx)
+	defer h.n.closedMode(h.mode)
 	if h.writable {
 		err := h.f.Close(ctx)
 		// The kernel's pages hold what we wrote: record the file's size and mtime

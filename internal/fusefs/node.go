@@ -30,6 +30,15 @@ type node struct {
 	seenValid bool
 	writers   map[*fileHandle]struct{}
 
+	// Open handles by kernel I/O mode. The kernel refuses (EIO) a passthrough open
+	// while the inode has page-cached opens, and a page-cached open while it has
+	// passthrough ones; direct-I/O opens mix with either. ptAttr is the file (size,
+	// mtime) the passthrough handles' backing cache file holds: go-fuse hands that
+	// same backing file to every later passthrough open of the node while one is open.
+	cachedOpen int
+	ptOpen     int
+	ptAttr     backend.Attr
+
 	// For a directory: the checksum of the listing the kernel may have cached.
 	listingSum uint64
 }
@@ -159,7 +168,7 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	vp, l, rel, errno := n.where()
 	if errno != 0 {
 		// Unlinked while open: only the handle still reaches the file.
-		if h, ok := fh.(*fileHandle); ok {
+		if h := asFileHandle(fh); h != nil {
 			a, err := h.f.Stat(ctx)
 			if err != nil {
 				return n.fsys.toErrno(err)
@@ -257,7 +266,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	}
 	if set.Valid != 0 {
 		var err error
-		if h, ok := fh.(*fileHandle); ok && set.Valid == backend.SetSize {
+		if h := asFileHandle(fh); h != nil && set.Valid == backend.SetSize {
 			err = h.f.SetAttr(ctx, set) // ftruncate: works on an unlinked open file
 		} else {
 			for _, i := range targets {

@@ -19,14 +19,22 @@ import (
 // while it is out, nothing waits for it. Changes already aimed at it fail as usual.
 type Degraded struct {
 	backend.Backend
-	state func() backend.State
-	log   *slog.Logger
-	out   atomic.Bool
+	state   func() backend.State
+	offline func() bool // nil, or whether the persistent cache serves the member now
+	log     *slog.Logger
+	out     atomic.Bool
 }
 
-// NewDegraded wraps b; state reports its health without waiting.
-func NewDegraded(b backend.Backend, state func() backend.State, log *slog.Logger) *Degraded {
-	return &Degraded{Backend: b, state: state, log: log}
+// NewDegraded wraps b; state reports its health without waiting, offline (if not nil)
+// whether the persistent cache answers for it while it is down: then its cached names
+// stay in the union, read-only, and only placement leaves it out.
+func NewDegraded(b backend.Backend, state func() backend.State, offline func() bool, log *slog.Logger) *Degraded {
+	return &Degraded{Backend: b, state: state, offline: offline, log: log}
+}
+
+// skip reports whether lookups and listings leave the member out now.
+func (d *Degraded) skip() bool {
+	return !d.Available() && (d.offline == nil || !d.offline())
 }
 
 // Available reports whether the member takes part in the union now.
@@ -66,7 +74,7 @@ func (d *Degraded) absent(op, p string, err error) error {
 var errOut = errors.New("source unreachable; left out of its union")
 
 func (d *Degraded) Lstat(ctx context.Context, p string) (backend.Attr, error) {
-	if !d.Available() {
+	if d.skip() {
 		return backend.Attr{}, d.absent("lstat", p, backend.ErrUnavailable)
 	}
 	a, err := d.Backend.Lstat(ctx, p)
@@ -74,7 +82,7 @@ func (d *Degraded) Lstat(ctx context.Context, p string) (backend.Attr, error) {
 }
 
 func (d *Degraded) ReadDir(ctx context.Context, p string) ([]backend.Entry, error) {
-	if !d.Available() {
+	if d.skip() {
 		return nil, d.absent("readdir", p, backend.ErrUnavailable)
 	}
 	list, err := d.Backend.ReadDir(ctx, p)

@@ -22,7 +22,7 @@ func TestDegradedMember(t *testing.T) {
 	put(t, filepath.Join(dirs[1], "top"))
 	var state atomic.Int32 // backend.State of member 0
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	l.Branches[0].Backend = NewDegraded(l.Branches[0].Backend, func() backend.State { return backend.State(state.Load()) }, log)
+	l.Branches[0].Backend = NewDegraded(l.Branches[0].Backend, func() backend.State { return backend.State(state.Load()) }, nil, log)
 	ctx := context.Background()
 
 	f, err := l.Resolve(ctx, "d")
@@ -50,7 +50,7 @@ func TestDegradedMember(t *testing.T) {
 // takes it out at once, without waiting for its state to change.
 func TestDegradedUnavailableAnswer(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d := NewDegraded(unreachable{}, func() backend.State { return backend.StateConnecting }, log)
+	d := NewDegraded(unreachable{}, func() backend.State { return backend.StateConnecting }, nil, log)
 	if _, err := d.Lstat(context.Background(), "x"); backend.ToErrno(err) != syscall.ENOENT {
 		t.Errorf("got %v, want ENOENT", err)
 	}

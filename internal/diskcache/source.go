@@ -1,0 +1,265 @@
+package diskcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/muxfs/muxfs/internal/backend"
+)
+
+// Source puts a store in front of a backend: file contents are served from and kept in
+// the cache (with data set, -o cache=full), and while the source is unreachable what
+// the cache holds is served read-only (with offline set, -o offline=auto).
+type Source struct {
+	backend.Backend
+	st      *Store
+	data    bool
+	offline bool
+	state   func() backend.State
+	log     *slog.Logger
+	wasOff  atomic.Bool
+}
+
+// Wrap returns b with the store in front. state reports b's health without waiting.
+func Wrap(b backend.Backend, st *Store, data, offline bool, state func() backend.State, log *slog.Logger) *Source {
+	return &Source{Backend: b, st: st, data: data, offline: offline, state: state, log: log}
+}
+
+// Store is the source's store.
+func (s *Source) Store() *Store { return s.st }
+
+// Offline reports whether the source is unreachable and served from the cache.
+func (s *Source) Offline() bool {
+	off := s.offline && s.state() == backend.StateDown
+	if was := s.wasOff.Swap(off); was != off {
+		if off {
+			s.log.Warn("source offline: serving what the cache holds, read-only", "source", s.String())
+		} else {
+			s.log.Warn("source back online", "source", s.String())
+		}
+	}
+	return off
+}
+
+// readOnlyNow refuses a change while the source is offline, at once and clearly.
+func (s *Source) readOnlyNow(op, p string) error {
+	if !s.Offline() {
+		return nil
+	}
+	return &backend.Error{Op: op, Source: s.String(), Path: p, Errno: syscall.EROFS,
+		Cause: errors.New("the source is offline: its cached files are read-only until it is back")}
+}
+
+func (s *Source) Mkdir(ctx context.Context, p string, mode uint32) error {
+	if err := s.readOnlyNow("mkdir", p); err != nil {
+		return err
+	}
+	return s.Backend.Mkdir(ctx, p, mode)
+}
+
+func (s *Source) Rmdir(ctx context.Context, p string) error {
+	if err := s.readOnlyNow("rmdir", p); err != nil {
+		return err
+	}
+	return s.Backend.Rmdir(ctx, p)
+}
+
+func (s *Source) Symlink(ctx context.Context, target, p string) error {
+	if err := s.readOnlyNow("symlink", p); err != nil {
+		return err
+	}
+	return s.Backend.Symlink(ctx, target, p)
+}
+
+func (s *Source) Link(ctx context.Context, from, to string) error {
+	if err := s.readOnlyNow("link", to); err != nil {
+		return err
+	}
+	return s.Backend.Link(ctx, from, to)
+}
+
+// Unlink, Rename and SetAttr also drop the cached data of the paths they change: a new
+// file there must not inherit it.
+func (s *Source) Unlink(ctx context.Context, p string) error {
+	if err := s.readOnlyNow("unlink", p); err != nil {
+		return err
+	}
+	defer s.st.evictOne(p)
+	return s.Backend.Unlink(ctx, p)
+}
+
+func (s *Source) Rename(ctx context.Context, from, to string) error {
+	if err := s.readOnlyNow("rename", from); err != nil {
+		return err
+	}
+	defer s.st.evictOne(from)
+	defer s.st.evictOne(to)
+	return s.Backend.Rename(ctx, from, to)
+}
+
+func (s *Source) SetAttr(ctx context.Context, p string, set backend.SetAttr) error {
+	if err := s.readOnlyNow("setattr", p); err != nil {
+		return err
+	}
+	if set.Valid&backend.SetSize != 0 {
+		defer s.st.evictOne(p)
+	}
+	return s.Backend.SetAttr(ctx, p, set)
+}
+
+func writing(flags int) bool {
+	return flags&(os.O_WRONLY|os.O_RDWR) != 0 || flags&os.O_TRUNC != 0
+}
+
+func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (backend.File, error) {
+	w := writing(flags) || flags&os.O_CREATE != 0
+	if w {
+		if err := s.readOnlyNow("open", p); err != nil {
+			return nil, err
+		}
+	}
+	var f backend.File
+	var err error
+	if !w && s.data && s.Offline() {
+		err = fmt.Errorf("%w: offline", backend.ErrUnavailable)
+	} else {
+		f, err = s.Backend.Open(ctx, p, flags, mode)
+	}
+	if err != nil {
+		if !w && s.data && s.offline && backend.IsUnavailable(err) {
+			if e := s.st.acquireOffline(p); e != nil {
+				return &offlineFile{e: e, src: s.String()}, nil
+			}
+		}
+		return nil, err
+	}
+	if !s.data {
+		return f, nil
+	}
+	return &file{File: f, e: s.st.acquire(p, f.OpenedAttr()), writing: w}, nil
+}
+
+// file is an open remote file whose contents go through the cache.
+type file struct {
+	backend.File
+	e       *entry
+	writing bool
+	once    sync.Once
+}
+
+func (f *file) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if n, ok := f.e.readAt(p, off); ok {
+		return n, nil
+	}
+	n, err := f.File.ReadAt(ctx, p, off)
+	if n > 0 {
+		f.e.fill(p[:n], off)
+	}
+	return n, err
+}
+
+func (f *file) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	n, err := f.File.WriteAt(ctx, p, off)
+	if n > 0 {
+		f.e.write(p[:n], off)
+	}
+	return n, err
+}
+
+func (f *file) SetAttr(ctx context.Context, set backend.SetAttr) error {
+	err := f.File.SetAttr(ctx, set)
+	if err == nil && set.Valid&backend.SetSize != 0 {
+		f.e.truncate(set.Size)
+	}
+	return err
+}
+
+// Stat waits for every write (see backend.File): its answer is the file the cached
+// data now shows.
+func (f *file) Stat(ctx context.Context) (backend.Attr, error) {
+	a, err := f.File.Stat(ctx)
+	if err == nil && f.writing {
+		f.e.written(a)
+	}
+	return a, err
+}
+
+func (f *file) Close(ctx context.Context) error {
+	err := f.File.Close(ctx)
+	f.once.Do(f.e.release)
+	return err
+}
+
+// PassthroughFd offers the kernel the cache file of a fully cached file opened for
+// reading: it then reads it without muxfs (FUSE passthrough).
+func (f *file) PassthroughFd() (int, bool) {
+	if f.writing {
+		return 0, false
+	}
+	return f.e.passthroughFd()
+}
+
+func (e *entry) passthroughFd() (int, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.valid || !e.rec.Spans.covers(0, e.rec.Size) || e.rec.Size == 0 {
+		return 0, false
+	}
+	f, err := e.fileLocked()
+	if err != nil {
+		return 0, false
+	}
+	return int(f.Fd()), true
+}
+
+// offlineFile is a cached file of a source that cannot be reached: what the cache
+// holds is readable, the rest fails with EIO, and nothing can be changed.
+type offlineFile struct {
+	e    *entry
+	src  string
+	once sync.Once
+}
+
+func (f *offlineFile) err(op string, errno syscall.Errno, why string) error {
+	return &backend.Error{Op: op, Source: f.src, Path: f.e.path, Errno: errno, Cause: errors.New(why)}
+}
+
+func (f *offlineFile) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
+	if n, ok := f.e.readAt(p, off); ok {
+		return n, nil
+	}
+	return 0, f.err("read", syscall.EIO, "this part of the file is not cached and the source is offline")
+}
+
+func (f *offlineFile) WriteAt(context.Context, []byte, int64) (int, error) {
+	return 0, f.err("write", syscall.EROFS, "the source is offline: cached files are read-only")
+}
+
+func (f *offlineFile) SetAttr(context.Context, backend.SetAttr) error {
+	return f.err("setattr", syscall.EROFS, "the source is offline: cached files are read-only")
+}
+
+func (f *offlineFile) Flush(context.Context) error { return nil }
+func (f *offlineFile) Sync(context.Context) error  { return nil }
+
+func (f *offlineFile) OpenedAttr() backend.Attr {
+	f.e.mu.Lock()
+	defer f.e.mu.Unlock()
+	return backend.Attr{Mode: syscall.S_IFREG | 0o444, Size: f.e.rec.Size, Mtime: time.Unix(0, f.e.rec.Mtime)}
+}
+
+func (f *offlineFile) Stat(context.Context) (backend.Attr, error) { return f.OpenedAttr(), nil }
+
+func (f *offlineFile) Close(context.Context) error {
+	f.once.Do(f.e.release)
+	return nil
+}
+
+func (f *offlineFile) PassthroughFd() (int, bool) { return f.e.passthroughFd() }

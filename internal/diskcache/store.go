@@ -1,0 +1,923 @@
+// Package diskcache is muxfs' persistent local cache (the FS-Cache idea): the fetched
+// ranges of remote files in sparse local files, and directory listings, kept across
+// remounts and reboots in a cache directory, with their records in an embedded
+// database (bbolt).
+//
+// Crash safety: a record in the database only ever names ranges whose data was synced
+// to disk before the record was committed, and a file's record is deleted (and the
+// deletion committed) before its cached data is first changed by a write. So after a
+// crash at any moment the cache serves correct bytes or nothing.
+package diskcache
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/muxfs/muxfs/internal/backend"
+)
+
+// Options are the cache's limits.
+type Options struct {
+	MaxSize int64 // bytes of cached file data kept, over all sources of the mount; 0: no limit
+	MinFree int64 // bytes to leave free on the cache's file system
+}
+
+// Cache is the persistent cache of one mount: a directory per source under Dir.
+type Cache struct {
+	Dir  string
+	opts Options
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	stores []*Store
+	quit   chan struct{}
+	done   chan struct{}
+}
+
+// DefaultDir is $XDG_CACHE_HOME/muxfs, else ~/.cache/muxfs.
+func DefaultDir() (string, error) {
+	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
+		return filepath.Join(d, "muxfs"), nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(home, ".cache", "muxfs"), nil
+}
+
+// Open opens (creating it 0700) the cache directory dir and starts the background
+// work: syncing new data and records every second, and evicting beyond the limits.
+func Open(dir string, opts Options, log *slog.Logger) (*Cache, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("cache directory %s: %w", dir, err)
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("cache directory %s: %w", dir, err)
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && int(sys.Uid) != os.Getuid() {
+		return nil, fmt.Errorf("cache directory %s belongs to another user: give your own with --cache-dir", dir)
+	}
+	if st.Mode().Perm() != 0o700 {
+		// Cached file contents are as private as the remote files: nobody else may
+		// read them.
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("cache directory %s: %w", dir, err)
+		}
+		log.Warn("cache directory was open to others; made it 0700", "dir", dir)
+	}
+	c := &Cache{Dir: dir, opts: opts, log: log, quit: make(chan struct{}), done: make(chan struct{})}
+	go c.loop()
+	return c, nil
+}
+
+// Close syncs and closes every store.
+func (c *Cache) Close() {
+	close(c.quit)
+	<-c.done
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, st := range c.stores {
+		st.flush()
+		st.db.Close()
+	}
+}
+
+func (c *Cache) loop() {
+	defer close(c.done)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.quit:
+			return
+		case <-tick.C:
+		}
+		c.mu.Lock()
+		stores := append([]*Store(nil), c.stores...)
+		c.mu.Unlock()
+		for _, st := range stores {
+			st.flush()
+		}
+		c.evict(stores)
+	}
+}
+
+// SourceKey is the directory name of a source's cache: sources with the same remote
+// path on different servers never share entries.
+func SourceKey(source string) string {
+	sum := sha256.Sum256([]byte(source))
+	return hex.EncodeToString(sum[:12])
+}
+
+var (
+	bucketFiles = []byte("files")
+	bucketDirs  = []byte("dirs")
+	bucketAttrs = []byte("attrs")
+)
+
+// Store opens the cache of one source, named as the user knows it.
+func (c *Cache) Store(source string) (*Store, error) {
+	dir := filepath.Join(c.Dir, SourceKey(source))
+	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o700); err != nil {
+		return nil, err
+	}
+	info, _ := json.Marshal(map[string]string{"source": source})
+	if err := os.WriteFile(filepath.Join(dir, "source.json"), info, 0o600); err != nil {
+		return nil, err
+	}
+	db, err := bolt.Open(filepath.Join(dir, "meta.db"), 0o600, &bolt.Options{Timeout: 200 * time.Millisecond})
+	if errors.Is(err, berrors.ErrTimeout) {
+		return nil, fmt.Errorf("the cache of %s is in use by another muxfs mount", source)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cache of %s: %w", source, err)
+	}
+	st := &Store{c: c, name: source, dir: dir, db: db, entries: map[string]*entry{},
+		dirSaves: map[string][]byte{}, attrSaves: map[string][]byte{}}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketFiles, bucketDirs, bucketAttrs} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketFiles).ForEach(func(k, v []byte) error {
+			var r record
+			if json.Unmarshal(v, &r) == nil {
+				st.used.Add(r.Spans.bytes())
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("cache of %s: %w", source, err)
+	}
+	c.mu.Lock()
+	c.stores = append(c.stores, st)
+	c.mu.Unlock()
+	return st, nil
+}
+
+// Store is the cache of one source.
+type Store struct {
+	c    *Cache
+	name string
+	dir  string
+	db   *bolt.DB
+
+	mu        sync.Mutex
+	entries   map[string]*entry // open, or holding changes not yet committed
+	dirSaves  map[string][]byte // listings to commit (nil value: delete)
+	attrSaves map[string][]byte // attributes of looked-up paths to commit (nil: delete)
+
+	used         atomic.Int64 // bytes of file data held
+	hits, misses atomic.Int64 // bytes read from the cache, and fetched from the server
+}
+
+// record is what the database holds of a cached file.
+type record struct {
+	Size  int64 `json:"s"`
+	Mtime int64 `json:"m"` // the server's, unix ns
+	Spans spans `json:"r,omitempty"`
+	Used  int64 `json:"u"` // last open, unix s: eviction takes the least recently used
+}
+
+// entry is a cached file in use.
+type entry struct {
+	st   *Store
+	path string
+
+	mu        sync.Mutex
+	rec       record // spans include those not yet synced
+	f         *os.File
+	refs      int
+	valid     bool   // rec describes the file on the server (false while being written)
+	dirty     bool   // rec differs from the database
+	gen       uint64 // bumped when a write begins: a sync in flight must not commit
+	persisted bool   // the database has a record for the path
+}
+
+func (st *Store) dataPath(p string) string {
+	sum := sha256.Sum256([]byte(p))
+	h := hex.EncodeToString(sum[:16])
+	return filepath.Join(st.dir, "data", h[:2], h)
+}
+
+func (st *Store) load(p string) (record, bool) {
+	var r record
+	found := false
+	st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error is a miss
+		if v := tx.Bucket(bucketFiles).Get([]byte(p)); v != nil {
+			found = json.Unmarshal(v, &r) == nil
+		}
+		return nil
+	})
+	return r, found
+}
+
+// racyWindow: a file modified this recently may change again within the same second
+// of mtime (SFTP v3 times are whole seconds), so its record is kept for this mount
+// only and not committed: a later same-size change in that second could not be seen.
+const racyWindow = 2 * time.Second
+
+// acquire returns the cache entry for a file just opened on the server with
+// attributes a: cached data is kept if the server's size and mtime match the record,
+// else dropped (close-to-open, as NFS).
+func (st *Store) acquire(p string, a backend.Attr) *entry {
+	st.mu.Lock()
+	e := st.entries[p]
+	if e == nil {
+		e = &entry{st: st, path: p}
+		if r, ok := st.load(p); ok {
+			e.rec, e.persisted, e.valid = r, true, true
+		}
+		st.entries[p] = e
+	}
+	e.refs++
+	st.mu.Unlock()
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.valid || e.rec.Size != a.Size || e.rec.Mtime != a.Mtime.UnixNano() {
+		e.resetLocked()
+		e.rec.Size, e.rec.Mtime = a.Size, a.Mtime.UnixNano()
+		e.valid = true
+	}
+	if now := time.Now().Unix(); now-e.rec.Used > 60 {
+		e.rec.Used = now
+		e.dirty = true
+	}
+	return e
+}
+
+// acquireOffline returns the entry of a file whose server cannot be reached, if the
+// cache holds a record of it.
+func (st *Store) acquireOffline(p string) *entry {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	e := st.entries[p]
+	if e == nil {
+		r, ok := st.load(p)
+		if !ok {
+			return nil
+		}
+		e = &entry{st: st, path: p, rec: r, persisted: true, valid: true}
+		st.entries[p] = e
+	}
+	if !e.valid {
+		return nil
+	}
+	e.refs++
+	return e
+}
+
+// resetLocked drops the cached data. The data file is replaced, not truncated: a
+// reader the kernel serves straight from it (passthrough) keeps the old content.
+func (e *entry) resetLocked() {
+	if e.f != nil {
+		e.f.Close()
+		e.f = nil
+	}
+	if e.rec.Spans != nil || e.persisted {
+		os.Remove(e.st.dataPath(e.path))
+	}
+	e.st.used.Add(-e.rec.Spans.bytes())
+	e.rec.Spans = nil
+	e.dirty = true
+}
+
+func (e *entry) fileLocked() (*os.File, error) {
+	if e.f != nil {
+		return e.f, nil
+	}
+	p := e.st.dataPath(e.path)
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(p, os.O_RDWR, 0o600)
+	if errors.Is(err, os.ErrNotExist) {
+		// A record whose data file is gone (removed by hand, or by a reset that
+		// crashed before its record went) names nothing: holes would read as zeros.
+		e.st.used.Add(-e.rec.Spans.bytes())
+		e.rec.Spans = nil
+		f, err = os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+	}
+	if err != nil {
+		return nil, err
+	}
+	e.f = f
+	return f, nil
+}
+
+// readAt serves [off, off+len(p)) from the cache if it holds all of it (up to the
+// file's size). ok false: not all there.
+func (e *entry) readAt(p []byte, off int64) (n int, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.valid {
+		return 0, false
+	}
+	end := min(off+int64(len(p)), e.rec.Size)
+	if off >= end {
+		return 0, off >= e.rec.Size
+	}
+	if !e.rec.Spans.covers(off, end) {
+		return 0, false
+	}
+	f, err := e.fileLocked()
+	if err != nil {
+		return 0, false
+	}
+	n, err = f.ReadAt(p[:end-off], off)
+	if err != nil && n < int(end-off) {
+		return 0, false
+	}
+	e.st.hits.Add(int64(n))
+	return n, true
+}
+
+// fill stores data fetched from the server at off.
+func (e *entry) fill(p []byte, off int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.st.misses.Add(int64(len(p)))
+	if !e.valid || len(p) == 0 || e.st.full() {
+		return
+	}
+	e.storeLocked(p, off)
+}
+
+func (e *entry) storeLocked(p []byte, off int64) {
+	f, err := e.fileLocked()
+	if err != nil {
+		return
+	}
+	if _, err := f.WriteAt(p, off); err != nil {
+		return // a full disk: the data stays uncached
+	}
+	before := e.rec.Spans.bytes()
+	e.rec.Spans = e.rec.Spans.add(off, off+int64(len(p)))
+	e.st.used.Add(e.rec.Spans.bytes() - before)
+	e.dirty = true
+}
+
+// beginWriteLocked makes the cached data changeable: the database's record of the
+// file is deleted, and the deletion committed, before the data file changes, so that
+// a crash in the middle cannot leave a record naming changed data. The entry is valid
+// again once the server's attributes after the writes are known (written).
+func (e *entry) beginWriteLocked() error {
+	e.gen++
+	e.valid = false
+	if !e.persisted {
+		return nil
+	}
+	err := e.st.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketFiles).Delete([]byte(e.path)) })
+	if err == nil {
+		e.persisted = false
+	}
+	return err
+}
+
+// write stores data written through muxfs, so that it is cached too.
+func (e *entry) write(p []byte, off int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.beginWriteLocked() != nil {
+		e.resetLocked()
+		return
+	}
+	e.storeLocked(p, off)
+	e.rec.Size = max(e.rec.Size, off+int64(len(p)))
+}
+
+// truncate follows a size change made through muxfs.
+func (e *entry) truncate(size int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.beginWriteLocked() != nil {
+		e.resetLocked()
+		return
+	}
+	if f, err := e.fileLocked(); err == nil && f.Truncate(size) == nil {
+		before := e.rec.Spans.bytes()
+		e.rec.Spans = e.rec.Spans.clip(size)
+		e.st.used.Add(e.rec.Spans.bytes() - before)
+	} else {
+		e.resetLocked()
+	}
+	e.rec.Size = size
+	e.dirty = true
+}
+
+// written records the server's attributes after every write so far was acknowledged:
+// the cached data is the file's content at that size and mtime.
+func (e *entry) written(a backend.Attr) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.rec.Size != a.Size {
+		// Someone else changed the file meanwhile: what we hold is not its content.
+		e.resetLocked()
+	}
+	e.rec.Size, e.rec.Mtime = a.Size, a.Mtime.UnixNano()
+	e.valid, e.dirty = true, true
+}
+
+// release ends a use of the entry. An entry left invalid (writes whose outcome is not
+// known) drops its data.
+func (e *entry) release() {
+	st := e.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.refs--
+	if e.refs > 0 {
+		return
+	}
+	if !e.valid {
+		e.resetLocked()
+		e.dirty = false
+	}
+	if !e.dirty {
+		if e.f != nil {
+			e.f.Close()
+			e.f = nil
+		}
+		delete(st.entries, e.path)
+	}
+}
+
+// full reports whether the cache must not grow now.
+func (st *Store) full() bool {
+	o := st.c.opts
+	return o.MaxSize > 0 && st.c.used() > o.MaxSize+o.MaxSize/10
+}
+
+func (c *Cache) used() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var n int64
+	for _, st := range c.stores {
+		n += st.used.Load()
+	}
+	return n
+}
+
+// flush makes new data durable and commits the records that name it: data files are
+// synced first, then the records go into the database in one transaction.
+func (st *Store) flush() {
+	type pending struct {
+		e   *entry
+		rec record
+		gen uint64
+	}
+	st.mu.Lock()
+	var todo []pending
+	var files []*os.File
+	for _, e := range st.entries {
+		e.mu.Lock()
+		racy := time.Since(time.Unix(0, e.rec.Mtime)) < racyWindow
+		if e.dirty && e.valid && !racy {
+			rec := e.rec
+			rec.Spans = append(spans(nil), e.rec.Spans...)
+			todo = append(todo, pending{e, rec, e.gen})
+			if e.f != nil {
+				files = append(files, e.f)
+			}
+		}
+		e.mu.Unlock()
+	}
+	dirs, attrs := st.dirSaves, st.attrSaves
+	st.dirSaves, st.attrSaves = map[string][]byte{}, map[string][]byte{}
+	st.mu.Unlock()
+	if len(todo) == 0 && len(dirs) == 0 && len(attrs) == 0 {
+		return
+	}
+	for _, f := range files {
+		f.Sync() //nolint:errcheck // a failed sync leaves the record uncommitted below
+	}
+	var committed []pending
+	err := st.db.Update(func(tx *bolt.Tx) error {
+		fb := tx.Bucket(bucketFiles)
+		for _, t := range todo {
+			t.e.mu.Lock()
+			ok := t.e.gen == t.gen && t.e.valid
+			t.e.mu.Unlock()
+			if !ok {
+				continue // a write began since: its data is not what was synced
+			}
+			v, _ := json.Marshal(t.rec)
+			if err := fb.Put([]byte(t.e.path), v); err != nil {
+				return err
+			}
+			committed = append(committed, t)
+		}
+		for bucket, saves := range map[string]map[string][]byte{string(bucketDirs): dirs, string(bucketAttrs): attrs} {
+			b := tx.Bucket([]byte(bucket))
+			for p, v := range saves {
+				var err error
+				if v == nil {
+					err = b.Delete([]byte(p))
+				} else {
+					err = b.Put([]byte(p), v)
+				}
+				if err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		st.c.log.Warn("cache: could not commit records", "source", st.name, "err", err)
+		return
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, t := range committed {
+		e := t.e
+		e.mu.Lock()
+		e.persisted = true
+		if e.gen == t.gen && len(e.rec.Spans) == len(t.rec.Spans) && e.rec.Spans.bytes() == t.rec.Spans.bytes() && e.rec.Size == t.rec.Size {
+			e.dirty = false
+		}
+		if !e.dirty && e.refs == 0 {
+			if e.f != nil {
+				e.f.Close()
+				e.f = nil
+			}
+			delete(st.entries, e.path)
+		}
+		e.mu.Unlock()
+	}
+}
+
+// evict removes the least recently used files, never those in use, while the cache is
+// over its size limit or its file system short of free space.
+func (c *Cache) evict(stores []*Store) {
+	over := func() bool {
+		if c.opts.MaxSize > 0 && c.used() > c.opts.MaxSize {
+			return true
+		}
+		if c.opts.MinFree > 0 {
+			var fs syscall.Statfs_t
+			if syscall.Statfs(c.Dir, &fs) == nil && int64(fs.Bavail)*fs.Bsize < c.opts.MinFree {
+				return true
+			}
+		}
+		return false
+	}
+	if !over() {
+		return
+	}
+	type cand struct {
+		st    *Store
+		path  string
+		used  int64
+		bytes int64
+	}
+	var all []cand
+	for _, st := range stores {
+		st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error leaves nothing to evict
+			return tx.Bucket(bucketFiles).ForEach(func(k, v []byte) error {
+				var r record
+				if json.Unmarshal(v, &r) == nil {
+					all = append(all, cand{st, string(k), r.Used, r.Spans.bytes()})
+				}
+				return nil
+			})
+		})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].used < all[j].used })
+	target := c.opts.MaxSize - c.opts.MaxSize/10 // evict a little more, not at every tick
+	evicted, freed := 0, int64(0)
+	for _, cd := range all {
+		if !over() && (c.opts.MaxSize == 0 || c.used() <= target) {
+			break
+		}
+		if cd.st.evictOne(cd.path) {
+			evicted++
+			freed += cd.bytes
+		}
+	}
+	if evicted > 0 {
+		c.log.Info("cache: evicted least recently used files", "files", evicted, "bytes", freed)
+	}
+}
+
+// evictOne drops a file's cached data unless it is in use.
+func (st *Store) evictOne(p string) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if _, busy := st.entries[p]; busy {
+		return false
+	}
+	if _, ok := st.load(p); !ok {
+		return false // nothing cached: no write (and no sync) needed
+	}
+	var r record
+	err := st.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketFiles)
+		if v := b.Get([]byte(p)); v != nil {
+			json.Unmarshal(v, &r) //nolint:errcheck // the record goes either way
+		}
+		return b.Delete([]byte(p))
+	})
+	if err != nil {
+		return false
+	}
+	os.Remove(st.dataPath(p))
+	st.used.Add(-r.Spans.bytes())
+	return true
+}
+
+// listing is a directory listing as stored.
+type listing struct {
+	At      int64     `json:"t"` // when it was fetched, unix ns
+	Entries []dirItem `json:"e"`
+}
+
+type dirItem struct {
+	Name  string `json:"n"`
+	Mode  uint32 `json:"m"`
+	Size  int64  `json:"s"`
+	UID   uint32 `json:"u"`
+	GID   uint32 `json:"g"`
+	Atime int64  `json:"a"`
+	Mtime int64  `json:"t"`
+	Nlink uint32 `json:"l,omitempty"`
+}
+
+// SaveListing keeps a listing fetched from the server (committed within a second).
+func (st *Store) SaveListing(p string, list []backend.Entry, at time.Time) {
+	l := listing{At: at.UnixNano(), Entries: make([]dirItem, len(list))}
+	for i, e := range list {
+		a := e.Attr
+		l.Entries[i] = dirItem{e.Name, a.Mode, a.Size, a.UID, a.GID, a.Atime.Unix(), a.Mtime.Unix(), a.Nlink}
+	}
+	v, err := json.Marshal(l)
+	if err != nil {
+		return
+	}
+	st.mu.Lock()
+	st.dirSaves[p] = v
+	st.mu.Unlock()
+}
+
+// LoadListing returns a stored listing and when it was fetched.
+func (st *Store) LoadListing(p string) ([]backend.Entry, time.Time, bool) {
+	st.mu.Lock()
+	v, queued := st.dirSaves[p]
+	st.mu.Unlock()
+	if queued && v == nil {
+		return nil, time.Time{}, false
+	}
+	if !queued {
+		st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error is a miss
+			if b := tx.Bucket(bucketDirs).Get([]byte(p)); b != nil {
+				v = append([]byte(nil), b...)
+			}
+			return nil
+		})
+	}
+	var l listing
+	if v == nil || json.Unmarshal(v, &l) != nil {
+		return nil, time.Time{}, false
+	}
+	out := make([]backend.Entry, len(l.Entries))
+	for i, d := range l.Entries {
+		out[i] = backend.Entry{Name: d.Name, Attr: backend.Attr{Mode: d.Mode, Size: d.Size, UID: d.UID, GID: d.GID,
+			Atime: time.Unix(d.Atime, 0), Mtime: time.Unix(d.Mtime, 0), Nlink: d.Nlink}}
+	}
+	return out, time.Unix(0, l.At), true
+}
+
+// SaveAttr keeps the attributes of a path looked up on the server, so that an
+// offline mount can still answer for it.
+func (st *Store) SaveAttr(p string, a backend.Attr) {
+	v, err := json.Marshal(dirItem{"", a.Mode, a.Size, a.UID, a.GID, a.Atime.Unix(), a.Mtime.Unix(), a.Nlink})
+	if err != nil {
+		return
+	}
+	st.mu.Lock()
+	st.attrSaves[p] = v
+	st.mu.Unlock()
+}
+
+// LoadAttr returns stored attributes of a path.
+func (st *Store) LoadAttr(p string) (backend.Attr, bool) {
+	st.mu.Lock()
+	v, queued := st.attrSaves[p]
+	st.mu.Unlock()
+	if !queued {
+		st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error is a miss
+			if b := tx.Bucket(bucketAttrs).Get([]byte(p)); b != nil {
+				v = append([]byte(nil), b...)
+			}
+			return nil
+		})
+	}
+	var d dirItem
+	if v == nil || json.Unmarshal(v, &d) != nil {
+		return backend.Attr{}, false
+	}
+	return backend.Attr{Mode: d.Mode, Size: d.Size, UID: d.UID, GID: d.GID,
+		Atime: time.Unix(d.Atime, 0), Mtime: time.Unix(d.Mtime, 0), Nlink: d.Nlink}, true
+}
+
+// ForgetListings drops what is stored of the given paths: their listings and
+// attributes.
+func (st *Store) ForgetListings(dirs ...string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, d := range dirs {
+		st.dirSaves[d] = nil
+		st.attrSaves[d] = nil
+	}
+}
+
+// ForgetTree drops the stored listings at and below dir ("" is everything).
+func (st *Store) ForgetTree(dir string) {
+	under := func(bucket []byte) []string {
+		var keys []string
+		st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error leaves nothing to drop
+			c := tx.Bucket(bucket).Cursor()
+			prefix := []byte(dir + "/")
+			if dir == "" {
+				prefix = nil
+			} else if k, _ := c.Seek([]byte(dir)); k != nil && string(k) == dir {
+				keys = append(keys, dir)
+			}
+			for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+				keys = append(keys, string(k))
+			}
+			return nil
+		})
+		return keys
+	}
+	dirKeys, attrKeys := under(bucketDirs), under(bucketAttrs)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, m := range []map[string][]byte{st.dirSaves, st.attrSaves} {
+		for p := range m {
+			if dir == "" || p == dir || strings.HasPrefix(p, dir+"/") {
+				m[p] = nil
+			}
+		}
+	}
+	for _, k := range dirKeys {
+		st.dirSaves[k] = nil
+	}
+	for _, k := range attrKeys {
+		st.attrSaves[k] = nil
+	}
+}
+
+// Stats are a store's numbers for `muxfs cache status`.
+type Stats struct {
+	Source   string `json:"source"`
+	Dir      string `json:"dir"`
+	Files    int    `json:"files"`
+	Dirs     int    `json:"dirs"`
+	Bytes    int64  `json:"bytes"`
+	HitBytes int64  `json:"hit_bytes"`
+	Fetched  int64  `json:"fetched_bytes"`
+}
+
+func (st *Store) Stats() Stats {
+	s := Stats{Source: st.name, Dir: st.dir, Bytes: st.used.Load(), HitBytes: st.hits.Load(), Fetched: st.misses.Load()}
+	st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // counts stay 0
+		s.Files = tx.Bucket(bucketFiles).Stats().KeyN
+		s.Dirs = tx.Bucket(bucketDirs).Stats().KeyN
+		return nil
+	})
+	return s
+}
+
+// Clear drops everything cached for the source, except the data of files in use.
+func (st *Store) Clear() error {
+	st.mu.Lock()
+	busy := map[string]bool{}
+	for p := range st.entries {
+		busy[p] = true
+	}
+	st.dirSaves, st.attrSaves = map[string][]byte{}, map[string][]byte{}
+	st.mu.Unlock()
+	var paths []string
+	err := st.db.Update(func(tx *bolt.Tx) error {
+		fb := tx.Bucket(bucketFiles)
+		err := fb.ForEach(func(k, _ []byte) error {
+			if !busy[string(k)] {
+				paths = append(paths, string(k))
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, p := range paths {
+			if err := fb.Delete([]byte(p)); err != nil {
+				return err
+			}
+		}
+		for _, b := range [][]byte{bucketDirs, bucketAttrs} {
+			if err := tx.DeleteBucket(b); err != nil {
+				return err
+			}
+			if _, err := tx.CreateBucket(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, p := range paths {
+		os.Remove(st.dataPath(p))
+	}
+	var used int64
+	st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // used stays 0
+		return tx.Bucket(bucketFiles).ForEach(func(_, v []byte) error {
+			var r record
+			if json.Unmarshal(v, &r) == nil {
+				used += r.Spans.bytes()
+			}
+			return nil
+		})
+	})
+	st.used.Store(used)
+	return nil
+}
+
+// ReadStats reads the numbers of a source's cache directory that no mount is using.
+func ReadStats(dir string) (Stats, error) {
+	s := Stats{Dir: dir}
+	if b, err := os.ReadFile(filepath.Join(dir, "source.json")); err == nil {
+		var info map[string]string
+		if json.Unmarshal(b, &info) == nil {
+			s.Source = info["source"]
+		}
+	}
+	db, err := bolt.Open(filepath.Join(dir, "meta.db"), 0o600, &bolt.Options{ReadOnly: true, Timeout: 100 * time.Millisecond})
+	if err != nil {
+		return s, err
+	}
+	defer db.Close()
+	err = db.View(func(tx *bolt.Tx) error {
+		fb, db := tx.Bucket(bucketFiles), tx.Bucket(bucketDirs)
+		if fb == nil || db == nil {
+			return nil
+		}
+		s.Files, s.Dirs = fb.Stats().KeyN, db.Stats().KeyN
+		return fb.ForEach(func(_, v []byte) error {
+			var r record
+			if json.Unmarshal(v, &r) == nil {
+				s.Bytes += r.Spans.bytes()
+			}
+			return nil
+		})
+	})
+	return s, err
+}
+
+// SourceDirs lists the source directories of a cache directory.
+func SourceDirs(cacheDir string) []string {
+	ents, _ := os.ReadDir(cacheDir)
+	var out []string
+	for _, e := range ents {
+		d := filepath.Join(cacheDir, e.Name())
+		if _, err := os.Stat(filepath.Join(d, "meta.db")); e.IsDir() && err == nil {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// Stores lists the cache's open stores.
+func (c *Cache) Stores() []*Store {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*Store(nil), c.stores...)
+}
+
+// Name is the source the store caches.
+func (st *Store) Name() string { return st.name }

@@ -1,0 +1,271 @@
+package diskcache
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/muxfs/muxfs/internal/backend"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// counting is a backend that counts the bytes read from it and can be made
+// unreachable.
+type counting struct {
+	backend.Backend
+	read atomic.Int64
+	down atomic.Bool
+}
+
+func (c *counting) Open(ctx context.Context, p string, flags int, mode uint32) (backend.File, error) {
+	if c.down.Load() {
+		return nil, &backend.Error{Op: "open", Path: p, Errno: syscall.EIO, Cause: backend.ErrUnavailable}
+	}
+	f, err := c.Backend.Open(ctx, p, flags, mode)
+	if err != nil {
+		return nil, err
+	}
+	return &countingFile{File: f, c: c}, nil
+}
+
+func (c *counting) state() backend.State {
+	if c.down.Load() {
+		return backend.StateDown
+	}
+	return backend.StateUp
+}
+
+type countingFile struct {
+	backend.File
+	c *counting
+}
+
+func (f *countingFile) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	n, err := f.File.ReadAt(ctx, p, off)
+	f.c.read.Add(int64(n))
+	return n, err
+}
+
+// setup serves a local directory (standing in for a server) through a store in a
+// cache directory.
+func setup(t *testing.T, cacheDir string, opts Options) (*Cache, *Source, *counting, string) {
+	t.Helper()
+	remote := t.TempDir()
+	return setupOn(t, cacheDir, remote, opts)
+}
+
+func setupOn(t *testing.T, cacheDir, remote string, opts Options) (*Cache, *Source, *counting, string) {
+	t.Helper()
+	l, err := backend.NewLocal(remote)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(cacheDir, opts, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Store("test:" + remote)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb := &counting{Backend: l}
+	return c, Wrap(cb, st, true, true, cb.state, quiet), cb, remote
+}
+
+func readAll(t *testing.T, s *Source, p string) []byte {
+	t.Helper()
+	ctx := context.Background()
+	f, err := s.Open(ctx, p, os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close(ctx) //nolint:errcheck
+	var out []byte
+	buf := make([]byte, 100<<10)
+	for off := int64(0); ; {
+		n, err := f.ReadAt(ctx, buf, off)
+		out = append(out, buf[:n]...)
+		off += int64(n)
+		if n == 0 || err != nil {
+			return out
+		}
+	}
+}
+
+func data(n int, seed int64) []byte {
+	b := make([]byte, n)
+	rand.New(rand.NewSource(seed)).Read(b)
+	return b
+}
+
+func TestReadThroughAndPersist(t *testing.T) {
+	dir := t.TempDir()
+	c, s, cb, remote := setup(t, dir, Options{})
+	want := data(1<<20+123, 1)
+	os.WriteFile(filepath.Join(remote, "f"), want, 0o644)                 //nolint:errcheck
+	os.Chtimes(filepath.Join(remote, "f"), time.Now(), time.Unix(1e9, 0)) //nolint:errcheck // not racy
+	if got := readAll(t, s, "f"); !bytes.Equal(got, want) {
+		t.Fatal("first read differs")
+	}
+	first := cb.read.Load()
+	if got := readAll(t, s, "f"); !bytes.Equal(got, want) {
+		t.Fatal("cached read differs")
+	}
+	if cb.read.Load() != first {
+		t.Errorf("the second read fetched %d bytes from the server", cb.read.Load()-first)
+	}
+	st, _ := os.Stat(dir)
+	if st.Mode().Perm() != 0o700 {
+		t.Errorf("cache directory mode %v, want 0700", st.Mode().Perm())
+	}
+	c.Close()
+
+	// A new mount: the cache survives.
+	c2, s2, cb2, _ := setupOn(t, dir, remote, Options{})
+	defer c2.Close()
+	if got := readAll(t, s2, "f"); !bytes.Equal(got, want) {
+		t.Fatal("read after reopening differs")
+	}
+	if cb2.read.Load() != 0 {
+		t.Errorf("after reopening the cache, %d bytes came from the server", cb2.read.Load())
+	}
+	f, _ := s2.Open(context.Background(), "f", os.O_RDONLY, 0)
+	if _, ok := f.(interface{ PassthroughFd() (int, bool) }).PassthroughFd(); !ok {
+		t.Error("a fully cached file is not offered for passthrough")
+	}
+	f.Close(context.Background()) //nolint:errcheck
+}
+
+func TestCoherency(t *testing.T) {
+	c, s, _, remote := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	p := filepath.Join(remote, "f")
+	os.WriteFile(p, []byte("old content"), 0o644) //nolint:errcheck
+	os.Chtimes(p, time.Now(), time.Unix(1e9, 0))  //nolint:errcheck
+	readAll(t, s, "f")
+	os.WriteFile(p, []byte("new content"), 0o644)  //nolint:errcheck // same size
+	os.Chtimes(p, time.Now(), time.Unix(1e9+5, 0)) //nolint:errcheck
+	if got := string(readAll(t, s, "f")); got != "new content" {
+		t.Errorf("changed behind the cache's back: got %q", got)
+	}
+}
+
+func TestWritesFillTheCache(t *testing.T) {
+	c, s, cb, remote := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	ctx := context.Background()
+	want := data(300<<10, 2)
+	f, err := s.Open(ctx, "w", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt(ctx, want, 0) //nolint:errcheck
+	f.Stat(ctx)             //nolint:errcheck // as close(2) does
+	f.Close(ctx)            //nolint:errcheck
+	if got := readAll(t, s, "w"); !bytes.Equal(got, want) {
+		t.Fatal("read back differs")
+	}
+	if cb.read.Load() != 0 {
+		t.Errorf("data written through the cache was fetched again (%d bytes)", cb.read.Load())
+	}
+	if got, _ := os.ReadFile(filepath.Join(remote, "w")); !bytes.Equal(got, want) {
+		t.Error("the server's copy differs")
+	}
+}
+
+func TestEvictionUnderLimit(t *testing.T) {
+	c, s, _, remote := setup(t, t.TempDir(), Options{MaxSize: 1 << 20})
+	defer c.Close()
+	for i := 0; i < 6; i++ {
+		p := filepath.Join(remote, string(rune('a'+i)))
+		os.WriteFile(p, data(400<<10, int64(i)), 0o644) //nolint:errcheck
+		os.Chtimes(p, time.Now(), time.Unix(1e9, 0))    //nolint:errcheck
+	}
+	ctx := context.Background()
+	held, _ := s.Open(ctx, "a", os.O_RDONLY, 0) // in use: never evicted
+	buf := make([]byte, 400<<10)
+	held.ReadAt(ctx, buf, 0) //nolint:errcheck
+	for i := 1; i < 6; i++ {
+		readAll(t, s, string(rune('a'+i)))
+		time.Sleep(5 * time.Millisecond)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for c.used() > 1<<20 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if c.used() > 1<<20 {
+		t.Errorf("cache holds %d bytes, limit 1 MiB", c.used())
+	}
+	if n, ok := held.(*file).e.readAt(buf, 0); !ok || n != len(buf) {
+		t.Error("the file in use lost its cached data")
+	}
+	held.Close(ctx) //nolint:errcheck
+}
+
+func TestOffline(t *testing.T) {
+	c, s, cb, remote := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	want := data(200<<10, 3)
+	os.WriteFile(filepath.Join(remote, "cached"), want, 0o644)                 //nolint:errcheck
+	os.WriteFile(filepath.Join(remote, "not-cached"), want, 0o644)             //nolint:errcheck
+	os.Chtimes(filepath.Join(remote, "cached"), time.Now(), time.Unix(1e9, 0)) //nolint:errcheck
+	readAll(t, s, "cached")
+	cb.down.Store(true)
+	if got := readAll(t, s, "cached"); !bytes.Equal(got, want) {
+		t.Error("a cached file is not readable offline")
+	}
+	if _, err := s.Open(context.Background(), "not-cached", os.O_RDONLY, 0); err == nil {
+		t.Error("opened a file the cache does not hold while offline")
+	}
+	_, err := s.Open(context.Background(), "cached", os.O_WRONLY, 0)
+	if backend.ToErrno(err) != syscall.EROFS {
+		t.Errorf("write open while offline: %v, want EROFS", err)
+	}
+	if backend.ToErrno(s.Mkdir(context.Background(), "d", 0o755)) != syscall.EROFS {
+		t.Error("mkdir while offline is not EROFS")
+	}
+}
+
+func TestSourcesNeverShare(t *testing.T) {
+	dir := t.TempDir()
+	c1, s1, _, r1 := setup(t, dir, Options{})
+	defer c1.Close()
+	os.WriteFile(filepath.Join(r1, "same"), []byte("one"), 0o644) //nolint:errcheck
+	readAll(t, s1, "same")
+	c2, s2, _, r2 := setup(t, filepath.Join(dir, "other"), Options{})
+	defer c2.Close()
+	os.WriteFile(filepath.Join(r2, "same"), []byte("two"), 0o644) //nolint:errcheck
+	if got := string(readAll(t, s2, "same")); got != "two" {
+		t.Errorf("second source read %q", got)
+	}
+	if s1.st.dir == s2.st.dir || s1.st.dataPath("same") == s2.st.dataPath("same") {
+		t.Error("two sources share cache files")
+	}
+}
+
+func TestListings(t *testing.T) {
+	c, s, _, _ := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	st := s.Store()
+	list := []backend.Entry{{Name: "a", Attr: backend.Attr{Mode: syscall.S_IFREG | 0o644, Size: 3, Mtime: time.Unix(5, 0)}}}
+	at := time.Unix(100, 0)
+	st.SaveListing("d", list, at)
+	st.flush()
+	got, when, ok := st.LoadListing("d")
+	if !ok || len(got) != 1 || got[0].Name != "a" || got[0].Attr.Size != 3 || !when.Equal(at) {
+		t.Fatalf("listing round trip: %+v %v %v", got, when, ok)
+	}
+	st.ForgetTree("")
+	if _, _, ok := st.LoadListing("d"); ok {
+		t.Error("listing survived ForgetTree")
+	}
+}
