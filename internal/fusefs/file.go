@@ -138,8 +138,6 @@ func asFileHandle(fh fs.FileHandle) *fileHandle {
 	return nil
 }
 
-
-
 // keepCache compares the file as the server has it now (just opened) with what the
 // kernel was last told. Unchanged: the kernel's pages stay valid (KEEP_CACHE).
 // Changed behind our back: the kernel's attributes and pages are dropped here, before
