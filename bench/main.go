@@ -199,7 +199,7 @@ func (b *bench) ensureFile(s *session, name string, n int) error {
 // measure runs workload w on system sys at rtt, reps times, on a fresh mount.
 func (b *bench) measure(w workload, sys system, rtt time.Duration) {
 	dir := filepath.Join(b.data, sys.name)
-	if w.name == "tree" {
+	if w.name == "tree" || w.name == "warm" {
 		dir = filepath.Join(b.data, "shared")
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -38,10 +38,18 @@ var systems = []system{
 	}},
 	{name: "rclone", mount: func(e *env, port int, dir, mp string) error { return rcloneMount(e, port, dir, mp, "off") }},
 	{name: "rclone-full", mount: func(e *env, port int, dir, mp string) error { return rcloneMount(e, port, dir, mp, "full") }},
-	{name: "muxfs", mount: func(e *env, port int, dir, mp string) error {
-		return run(e.muxfs, "-o", strings.Join(e.sshOpts(), ","), fmt.Sprintf("sftp://%s@127.0.0.1:%d%s", e.server.User, port, dir), mp)
-	}},
+	{name: "muxfs", mount: func(e *env, port int, dir, mp string) error { return muxfsMount(e, port, dir, mp) }},
 }
+
+// muxfsMount mounts muxfs with its defaults and its persistent cache in the bench's
+// directory; extra are more -o options.
+func muxfsMount(e *env, port int, dir, mp string, extra ...string) error {
+	opts := strings.Join(append(e.sshOpts(), extra...), ",")
+	return run(e.muxfs, "--cache-dir", e.muxfsCache(), "-o", opts, fmt.Sprintf("sftp://%s@127.0.0.1:%d%s", e.server.User, port, dir), mp)
+}
+
+// muxfsCache is muxfs' persistent cache directory in this run.
+func (e *env) muxfsCache() string { return filepath.Join(e.root, "muxfs-cache") }
 
 func rcloneMount(e *env, port int, dir, mp, mode string) error {
 	remote := fmt.Sprintf(":sftp,host=127.0.0.1,port=%d,user=%s,key_file=%s,known_hosts_file=%s:%s",
@@ -112,14 +120,41 @@ func (e *env) open(sys system, rtt time.Duration, dir string) (*session, error) 
 	return s, s.remount()
 }
 
+// remount makes the session cold: a fresh mount, dropped caches, and (for muxfs) an
+// empty persistent cache.
 func (s *session) remount() error {
 	if s.sys.local {
 		dropCaches()
 		return nil
 	}
 	unmount(s.mp)
+	if s.sys.name == "muxfs" {
+		os.RemoveAll(s.e.muxfsCache()) //nolint:errcheck // cold means nothing cached
+	}
 	dropCaches()
 	if err := s.sys.mount(s.e, s.port, s.dir, s.mp); err != nil {
+		return err
+	}
+	return waitMounted(s.mp)
+}
+
+// remountKeeping is a fresh mount with dropped page caches that keeps muxfs'
+// persistent cache (what a user sees after a remount or a reboot); extra are more
+// muxfs -o options.
+func (s *session) remountKeeping(extra ...string) error {
+	if s.sys.local {
+		dropCaches()
+		return nil
+	}
+	unmount(s.mp)
+	dropCaches()
+	var err error
+	if s.sys.name == "muxfs" {
+		err = muxfsMount(s.e, s.port, s.dir, s.mp, extra...)
+	} else {
+		err = s.sys.mount(s.e, s.port, s.dir, s.mp)
+	}
+	if err != nil {
 		return err
 	}
 	return waitMounted(s.mp)

@@ -286,17 +286,19 @@ func (c *Config) applyOption(key, val string, hasVal bool) error {
 			return fmt.Errorf("option -o timeout=%s: want at least 0.1 seconds (requests must end some time)", val)
 		}
 	case "cache":
-		// sshfs' yes/no turns the memory caches on or off; off, meta and full also
-		// choose what the persistent cache keeps.
+		// sshfs' yes/no turns the memory caches on or off; off, memory (memory
+		// caches only), meta and full also choose what the persistent cache keeps.
 		switch val {
 		case "yes":
 			o.Cache = true
 		case "no", DiskOff:
 			o.Cache, o.DiskCache = false, DiskOff
+		case "memory":
+			o.Cache, o.DiskCache = true, DiskOff
 		case DiskMeta, DiskFull:
 			o.Cache, o.DiskCache = true, val
 		default:
-			return fmt.Errorf("option -o cache=%s: want off, meta or full (or yes/no as in sshfs)", val)
+			return fmt.Errorf("option -o cache=%s: want off, memory, meta or full (or yes/no as in sshfs)", val)
 		}
 	case "cache_dir":
 		if err := needVal(); err != nil {

@@ -91,7 +91,7 @@ func (s *Source) Unlink(ctx context.Context, p string) error {
 	if err := s.readOnlyNow("unlink", p); err != nil {
 		return err
 	}
-	defer s.st.evictOne(p)
+	defer s.st.drop(p)
 	return s.Backend.Unlink(ctx, p)
 }
 
@@ -99,8 +99,8 @@ func (s *Source) Rename(ctx context.Context, from, to string) error {
 	if err := s.readOnlyNow("rename", from); err != nil {
 		return err
 	}
-	defer s.st.evictOne(from)
-	defer s.st.evictOne(to)
+	defer s.st.drop(from)
+	defer s.st.drop(to)
 	return s.Backend.Rename(ctx, from, to)
 }
 
@@ -109,7 +109,7 @@ func (s *Source) SetAttr(ctx context.Context, p string, set backend.SetAttr) err
 		return err
 	}
 	if set.Valid&backend.SetSize != 0 {
-		defer s.st.evictOne(p)
+		defer s.st.drop(p)
 	}
 	return s.Backend.SetAttr(ctx, p, set)
 }

@@ -213,6 +213,7 @@ type entry struct {
 	dirty     bool   // rec differs from the database
 	gen       uint64 // bumped when a write begins: a sync in flight must not commit
 	persisted bool   // the database has a record for the path
+	detached  bool   // its path now names another file: never cached again
 }
 
 func (st *Store) dataPath(p string) string {
@@ -359,7 +360,7 @@ func (e *entry) fill(p []byte, off int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.st.misses.Add(int64(len(p)))
-	if !e.valid || len(p) == 0 || e.st.full() {
+	if !e.valid || e.detached || len(p) == 0 || e.st.full() {
 		return
 	}
 	e.storeLocked(p, off)
@@ -400,6 +401,9 @@ func (e *entry) beginWriteLocked() error {
 func (e *entry) write(p []byte, off int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.detached {
+		return
+	}
 	if e.beginWriteLocked() != nil {
 		e.resetLocked()
 		return
@@ -412,6 +416,9 @@ func (e *entry) write(p []byte, off int64) {
 func (e *entry) truncate(size int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.detached {
+		return
+	}
 	if e.beginWriteLocked() != nil {
 		e.resetLocked()
 		return
@@ -432,6 +439,9 @@ func (e *entry) truncate(size int64) {
 func (e *entry) written(a backend.Attr) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.detached {
+		return
+	}
 	if e.rec.Size != a.Size {
 		// Someone else changed the file meanwhile: what we hold is not its content.
 		e.resetLocked()
@@ -452,6 +462,9 @@ func (e *entry) release() {
 	if e.refs > 0 {
 		return
 	}
+	if e.detached {
+		return
+	}
 	if !e.valid {
 		e.resetLocked()
 		e.dirty = false
@@ -462,6 +475,40 @@ func (e *entry) release() {
 			e.f = nil
 		}
 		delete(st.entries, e.path)
+	}
+}
+
+// drop forgets what is cached at path p, which now names another file or none (an
+// unlink, a rename, a truncate by path). An entry still open elsewhere is detached:
+// its users go to the server from now on, and a new open of p starts afresh.
+func (st *Store) drop(p string) {
+	st.mu.Lock()
+	if e := st.entries[p]; e != nil {
+		e.mu.Lock()
+		e.resetLocked()
+		e.valid, e.dirty = false, false
+		e.gen++
+		if e.refs > 0 {
+			e.detached = true
+		}
+		e.mu.Unlock()
+		delete(st.entries, p)
+	}
+	st.mu.Unlock()
+	if _, ok := st.load(p); !ok {
+		return
+	}
+	var r record
+	err := st.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketFiles)
+		if v := b.Get([]byte(p)); v != nil {
+			json.Unmarshal(v, &r) //nolint:errcheck // the record goes either way
+		}
+		return b.Delete([]byte(p))
+	})
+	if err == nil {
+		os.Remove(st.dataPath(p))
+		st.used.Add(-r.Spans.bytes())
 	}
 }
 
@@ -559,7 +606,7 @@ func (st *Store) flush() {
 		if e.gen == t.gen && len(e.rec.Spans) == len(t.rec.Spans) && e.rec.Spans.bytes() == t.rec.Spans.bytes() && e.rec.Size == t.rec.Size {
 			e.dirty = false
 		}
-		if !e.dirty && e.refs == 0 {
+		if !e.dirty && e.refs == 0 && st.entries[e.path] == e {
 			if e.f != nil {
 				e.f.Close()
 				e.f = nil

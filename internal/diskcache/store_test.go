@@ -269,3 +269,33 @@ func TestListings(t *testing.T) {
 		t.Error("listing survived ForgetTree")
 	}
 }
+
+// TestRenameOverCachedFile: a file renamed over a cached one (same size, same mtime,
+// as ar and ranlib make them within a second) is read as itself, also while a handle
+// of the old file is still open.
+func TestRenameOverCachedFile(t *testing.T) {
+	c, s, _, remote := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	ctx := context.Background()
+	mtime := time.Unix(1e9, 0)
+	for name, content := range map[string]string{"lib.a": "old content", "tmp": "new content"} {
+		os.WriteFile(filepath.Join(remote, name), []byte(content), 0o644) //nolint:errcheck
+		os.Chtimes(filepath.Join(remote, name), mtime, mtime)            //nolint:errcheck
+	}
+	old, err := s.Open(ctx, "lib.a", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	old.ReadAt(ctx, buf, 0) //nolint:errcheck // cached now
+	if err := s.Rename(ctx, "tmp", "lib.a"); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(readAll(t, s, "lib.a")); got != "new content" {
+		t.Errorf("after the rename: %q", got)
+	}
+	old.Close(ctx) //nolint:errcheck
+	if got := string(readAll(t, s, "lib.a")); got != "new content" {
+		t.Errorf("after the old handle closed: %q", got)
+	}
+}
