@@ -237,6 +237,9 @@ type Source struct {
 	// says when the source cannot be reached and the stored listings answer alone.
 	persist Persister
 	offline func() bool
+
+	storedMu   sync.Mutex
+	storedUsed map[string]bool // stored listings already answered in this mount
 }
 
 // Persister keeps directory listings across mounts: the persistent cache.
@@ -342,9 +345,8 @@ func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, e
 	return v.([]backend.Entry), nil
 }
 
-// storedListing answers a listing from the persistent cache: as it is while it is
-// younger than the TTL or the source is offline; older, it is answered at once and
-// fetched again in the background (a remounted tree is warm at once, and catches up).
+// storedListing answers a listing from the persistent cache (see the comment inside
+// for when it is fetched again).
 func (s *Source) storedListing(p string, now time.Time) ([]backend.Entry, bool) {
 	if s.persist == nil {
 		return nil, false
@@ -354,13 +356,20 @@ func (s *Source) storedListing(p string, now time.Time) ([]backend.Entry, bool) 
 		return nil, false
 	}
 	stamp := s.meta.stamp(s.id, p)
-	fresh := now.Sub(at) < s.meta.TTL
 	offline := s.offline()
-	if fresh {
-		s.meta.putListing(s.id, p, list, at, stamp)
-	} else {
-		s.meta.putListing(s.id, p, list, now, stamp)
+	// The first use in this mount counts as a fresh look, good for the TTL, as if the
+	// listing had just been fetched: a remounted tree is then warm with no request at
+	// all. Used again after that (the memory copy expired), an old listing is
+	// answered at once and fetched again behind the caller.
+	s.storedMu.Lock()
+	first := !s.storedUsed[p]
+	if s.storedUsed == nil {
+		s.storedUsed = map[string]bool{}
 	}
+	s.storedUsed[p] = true
+	s.storedMu.Unlock()
+	fresh := first || now.Sub(at) < s.meta.TTL
+	s.meta.putListing(s.id, p, list, now, stamp)
 	if !fresh && !offline {
 		go s.fetchListing(context.Background(), p) //nolint:errcheck // a failed refresh keeps the stored answer
 	}
