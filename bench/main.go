@@ -41,6 +41,7 @@ func main() {
 		muxfsBin = flag.String("muxfs", "", "muxfs binary (default: build ./cmd/muxfs)")
 		keep     = flag.Bool("keep", false, "keep the working directory")
 		fromLog  = flag.String("from-log", "", "write the report from this run log instead of measuring")
+		notes    = flag.String("notes", "", "markdown file appended to the report (the analysis)")
 	)
 	flag.Parse()
 	log.SetFlags(log.Ltime)
@@ -65,7 +66,7 @@ func main() {
 			log.Fatal(err)
 		}
 		cmdline := "bench/run.sh -from-log " + *fromLog
-		if err := s.report(*out, *charts, cmdline, rtts, 0); err != nil {
+		if err := s.report(*out, *charts, *notes, cmdline, rtts, 0); err != nil {
 			log.Fatal(err)
 		}
 		return
@@ -125,7 +126,7 @@ func main() {
 	}
 	log.Printf("all measurements took %v", time.Since(started).Round(time.Second))
 	cmdline := strings.TrimSpace("bench/run.sh " + strings.Join(os.Args[1:], " "))
-	if err := b.results.report(*out, *charts, cmdline, rtts, time.Since(started)); err != nil {
+	if err := b.results.report(*out, *charts, *notes, cmdline, rtts, time.Since(started)); err != nil {
 		log.Fatal(err)
 	}
 	log.Printf("wrote %s and charts in %s", *out, *charts)

@@ -120,7 +120,7 @@ func rowSystems(w string) []string {
 	return out
 }
 
-func (s *store) report(file, chartDir string, cmdline string, rtts []time.Duration, took time.Duration) error {
+func (s *store) report(file, chartDir, notes string, cmdline string, rtts []time.Duration, took time.Duration) error {
 	if err := os.MkdirAll(chartDir, 0o755); err != nil {
 		return err
 	}
@@ -170,6 +170,9 @@ func (s *store) report(file, chartDir string, cmdline string, rtts []time.Durati
 			}
 			b.WriteString("\n|---|" + strings.Repeat("---|", len(metrics)) + "\n")
 			for _, base := range []string{"local", "sshfs", "sshfs-tuned", "rclone", "rclone-full"} {
+				if !s.hasSystem(rtt, w.name, base) {
+					continue
+				}
 				fmt.Fprintf(&b, "| %s |", base)
 				for _, m := range metrics {
 					if v, ok := s.speedup(rtt, w.name, m, "muxfs", base); ok {
@@ -190,6 +193,14 @@ func (s *store) report(file, chartDir string, cmdline string, rtts []time.Durati
 			}
 			b.WriteString("\n")
 		}
+	}
+	if notes != "" {
+		// The analysis, written by hand from the run's numbers and profiles.
+		text, err := os.ReadFile(notes)
+		if err != nil {
+			return err
+		}
+		b.Write(text)
 	}
 	return os.WriteFile(file, []byte(b.String()), 0o644)
 }
@@ -303,15 +314,21 @@ func (s *store) cacheTargets(rtts []time.Duration) string {
 
 // chart draws, per metric, each system's speed relative to sshfs.
 func (s *store) chart(file string, rtt time.Duration, w string) error {
+	// Relative to sshfs, the system users compare with; to local where sshfs was not
+	// measured (the persistent cache's workloads).
+	base := "sshfs"
+	if !s.hasSystem(rtt, w, base) {
+		base = "local"
+	}
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("%s, %d ms added RTT: speed relative to sshfs (higher is better)", w, rtt.Milliseconds())
+	p.Title.Text = fmt.Sprintf("%s, %d ms added RTT: speed relative to %s (higher is better)", w, rtt.Milliseconds(), base)
 	p.Y.Min = 0
 	metrics := s.metrics[w]
 	syss := rowSystems(w)
 	var shown []string
 	for _, sys := range syss {
 		// local is the limit, often far off the scale of the others: it is in the tables.
-		if s.hasSystem(rtt, w, sys) && sys != "sshfs" && sys != "local" {
+		if s.hasSystem(rtt, w, sys) && sys != base && (sys != "local" || base == "local") {
 			shown = append(shown, sys)
 		}
 	}
@@ -321,7 +338,7 @@ func (s *store) chart(file string, rtt time.Duration, w string) error {
 	for i, sys := range shown {
 		vals := make(plotter.Values, len(metrics))
 		for j, m := range metrics {
-			if v, ok := s.speedup(rtt, w, m, sys, "sshfs"); ok {
+			if v, ok := s.speedup(rtt, w, m, sys, base); ok {
 				vals[j] = v
 			}
 		}

@@ -24,9 +24,11 @@ func newStatus() *cobra.Command {
 		Use:   "status [MOUNTPOINT]",
 		Short: "show each source's state, sessions, round-trip time, traffic, errors and reconnects",
 		Long: `Show the health of a muxfs mount (or of every muxfs mount of this user): per source
-its state (up, degraded: a replica member is out, connecting, down, local), SSH
+its state (up, degraded: a replica member is out, connecting, down, offline: served
+from the persistent cache, local), SSH
 sessions, round-trip time, requests in flight, bytes read and written, errors,
-requests retried after a lost connection, reconnects and memory-cache hits.`,
+requests retried after a lost connection, reconnects, memory-cache hits, and the
+persistent cache's size and share of file data read from it.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var mps []string
@@ -93,12 +95,22 @@ func printStatus(out io.Writer, st mountStatus) {
 	fmt.Fprintf(out, "muxfs on %s (pid %d, up %s)\n", st.Mountpoint, st.PID,
 		(time.Duration(st.Uptime) * time.Second).Round(time.Second))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SOURCE\tAT\tSTATE\tSESSIONS\tRTT\tIN FLIGHT\tREAD\tWRITTEN\tERRORS\tRETRIED\tRECONNECTS\tCACHE HITS")
+	fmt.Fprintln(tw, "SOURCE\tAT\tSTATE\tSESSIONS\tRTT\tIN FLIGHT\tREAD\tWRITTEN\tERRORS\tRETRIED\tRECONNECTS\tCACHE HITS\tDISK CACHE")
 	for _, s := range st.Sources {
 		hits := "-"
 		if n := s.CacheHits + s.CacheMisses; n > 0 {
 			hits = fmt.Sprintf("%.0f%%", 100*float64(s.CacheHits)/float64(n))
 		}
+		// Memory-cache hits (lookups, listings), then the persistent cache: its size
+		// and the share of file data read from it.
+		disk := "-"
+		if s.DiskBytes > 0 || s.DiskHitBytes+s.DiskFetchedBytes > 0 {
+			disk = fmtBytes(s.DiskBytes)
+			if n := s.DiskHitBytes + s.DiskFetchedBytes; n > 0 {
+				disk += fmt.Sprintf(", %.0f%% hits", 100*float64(s.DiskHitBytes)/float64(n))
+			}
+		}
+		hits += "\t" + disk
 		if len(s.Members) == 0 {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t-\t-\t-\t-\t-\t%d\t-\t-\t%s\n", s.Source, s.At, s.State, s.Errors, hits)
 			continue
@@ -114,7 +126,7 @@ func printStatus(out io.Writer, st mountStatus) {
 			if m.Writer {
 				name += " (writer)"
 			}
-			fmt.Fprintf(tw, "%s\t\t%s\t%s\t\t\t%d\t\n", name, m.State, memberCols(m), m.Reconnects)
+			fmt.Fprintf(tw, "%s\t\t%s\t%s\t\t\t%d\t\t\n", name, m.State, memberCols(m), m.Reconnects)
 		}
 	}
 	tw.Flush()

@@ -143,7 +143,10 @@ func (c *Cache) Store(source string) (*Store, error) {
 	if err := os.WriteFile(filepath.Join(dir, "source.json"), info, 0o600); err != nil {
 		return nil, err
 	}
-	db, err := bolt.Open(filepath.Join(dir, "meta.db"), 0o600, &bolt.Options{Timeout: 200 * time.Millisecond})
+	// MAP_POPULATE reads the whole database in at once, sequentially: after a reboot
+	// (an empty page cache) a walk of a remounted tree would otherwise fault its
+	// B-tree pages in one random read at a time.
+	db, err := bolt.Open(filepath.Join(dir, "meta.db"), 0o600, &bolt.Options{Timeout: 200 * time.Millisecond, MmapFlags: syscall.MAP_POPULATE})
 	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("the cache of %s is in use by another muxfs mount", source)
 	}
