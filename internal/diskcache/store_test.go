@@ -280,7 +280,7 @@ func TestRenameOverCachedFile(t *testing.T) {
 	mtime := time.Unix(1e9, 0)
 	for name, content := range map[string]string{"lib.a": "old content", "tmp": "new content"} {
 		os.WriteFile(filepath.Join(remote, name), []byte(content), 0o644) //nolint:errcheck
-		os.Chtimes(filepath.Join(remote, name), mtime, mtime)            //nolint:errcheck
+		os.Chtimes(filepath.Join(remote, name), mtime, mtime)             //nolint:errcheck
 	}
 	old, err := s.Open(ctx, "lib.a", os.O_RDONLY, 0)
 	if err != nil {
