@@ -141,29 +141,7 @@ func TestBadInput(t *testing.T) {
 // into the tree; the mount stays up and shows the valid names.
 func TestHostileServer(t *testing.T) {
 	e := newEnv(t, 0)
-	mp := e.mountpoint()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(muxfsBin, "-f", "-o", "ssh_command="+self, "fake:/", mp)
-	cmd.Env = append(os.Environ(), "MUXFS_TEST_HELPER=hostile-sftp")
-	var log bytes.Buffer
-	cmd.Stderr = &log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		unmountQuietly(mp)
-		cmd.Wait() //nolint:errcheck
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for !isMounted(mp) {
-		if time.Now().After(deadline) {
-			t.Fatalf("mount did not come up:\n%s", log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	mp, log, stop := mountHelperServer(t, e, "hostile-sftp", "", "fake:/")
 	writeFile(t, mp+"/real.txt", "real")
 	got := strings.Join(names(t, mp), " ")
 	if got != "real.txt" {
@@ -172,8 +150,7 @@ func TestHostileServer(t *testing.T) {
 	if readString(t, mp+"/real.txt") != "real" {
 		t.Error("valid file unreadable")
 	}
-	unmountQuietly(mp)
-	cmd.Wait() //nolint:errcheck
+	stop()
 	if !strings.Contains(log.String(), "invalid file names") {
 		t.Errorf("no warning logged for the invalid names:\n%s", log.String())
 	}
@@ -190,29 +167,7 @@ func TestBrokenServer(t *testing.T) {
 	dir := filepath.Join(e.tmp, "served")
 	writeFile(t, dir+"/normal.txt", "fine")
 	writeFile(t, dir+"/evil-size", "x")
-	mp := e.mountpoint()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(muxfsBin, "-f", "-o", "ssh_command="+self+",cache=no,timeout=2", "fake:"+dir, mp)
-	cmd.Env = append(os.Environ(), "MUXFS_TEST_HELPER=broken-sftp")
-	var log lockedLog
-	cmd.Stderr = &log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		unmountQuietly(mp)
-		cmd.Wait() //nolint:errcheck
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for !isMounted(mp) {
-		if time.Now().After(deadline) {
-			t.Fatalf("mount did not come up:\n%s", log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	mp, log, _ := mountHelperServer(t, e, "broken-sftp", "cache=no,timeout=2", "fake:"+dir)
 	for _, c := range []struct {
 		name string
 		want []syscall.Errno
@@ -244,6 +199,46 @@ func TestBrokenServer(t *testing.T) {
 			t.Errorf("nothing in the log says %q:\n%s", c, log.String())
 		}
 	}
+}
+
+// mountHelperServer mounts source with muxfs -f whose ssh command is this test binary
+// running helper (a fake server, see helper_test.go), with more -o options opts. It
+// returns the mount point, muxfs' log, and a function that unmounts and waits for
+// muxfs to exit (also run at cleanup).
+func mountHelperServer(t *testing.T, e *env, helper, opts, source string) (string, *lockedLog, func()) {
+	t.Helper()
+	mp := e.mountpoint()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := "ssh_command=" + self
+	if opts != "" {
+		o += "," + opts
+	}
+	cmd := exec.Command(muxfsBin, "-f", "-o", o, source, mp)
+	cmd.Env = append(os.Environ(), "MUXFS_TEST_HELPER="+helper)
+	log := &lockedLog{}
+	cmd.Stderr = log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			unmountQuietly(mp)
+			cmd.Wait() //nolint:errcheck
+		})
+	}
+	t.Cleanup(stop)
+	deadline := time.Now().Add(20 * time.Second)
+	for !isMounted(mp) {
+		if time.Now().After(deadline) {
+			t.Fatalf("mount did not come up:\n%s", log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return mp, log, stop
 }
 
 // lockedLog collects a child's output while the test reads it.

@@ -161,13 +161,8 @@ func (c *Cache) Store(source string) (*Store, error) {
 				return err
 			}
 		}
-		return tx.Bucket(bucketFiles).ForEach(func(k, v []byte) error {
-			var r record
-			if json.Unmarshal(v, &r) == nil {
-				st.used.Add(r.Spans.bytes())
-			}
-			return nil
-		})
+		st.used.Store(cachedBytes(tx.Bucket(bucketFiles)))
+		return nil
 	})
 	if err != nil {
 		db.Close()
@@ -721,7 +716,7 @@ func (st *Store) SaveListing(p string, list []backend.Entry, at time.Time) {
 	l := listing{At: at.UnixNano(), Entries: make([]dirItem, len(list))}
 	for i, e := range list {
 		a := e.Attr
-		l.Entries[i] = dirItem{e.Name, a.Mode, a.Size, a.UID, a.GID, a.Atime.Unix(), a.Mtime.Unix(), a.Nlink}
+		l.Entries[i] = itemOf(e.Name, a)
 	}
 	v, err := json.Marshal(l)
 	if err != nil {
@@ -734,36 +729,49 @@ func (st *Store) SaveListing(p string, list []backend.Entry, at time.Time) {
 
 // LoadListing returns a stored listing and when it was fetched.
 func (st *Store) LoadListing(p string) ([]backend.Entry, time.Time, bool) {
-	st.mu.Lock()
-	v, queued := st.dirSaves[p]
-	st.mu.Unlock()
-	if queued && v == nil {
-		return nil, time.Time{}, false
-	}
-	if !queued {
-		st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error is a miss
-			if b := tx.Bucket(bucketDirs).Get([]byte(p)); b != nil {
-				v = append([]byte(nil), b...)
-			}
-			return nil
-		})
-	}
+	v := st.loadQueued(st.dirSaves, bucketDirs, p)
 	var l listing
 	if v == nil || json.Unmarshal(v, &l) != nil {
 		return nil, time.Time{}, false
 	}
 	out := make([]backend.Entry, len(l.Entries))
 	for i, d := range l.Entries {
-		out[i] = backend.Entry{Name: d.Name, Attr: backend.Attr{Mode: d.Mode, Size: d.Size, UID: d.UID, GID: d.GID,
-			Atime: time.Unix(d.Atime, 0), Mtime: time.Unix(d.Mtime, 0), Nlink: d.Nlink}}
+		out[i] = backend.Entry{Name: d.Name, Attr: d.attr()}
 	}
 	return out, time.Unix(0, l.At), true
+}
+
+func itemOf(name string, a backend.Attr) dirItem {
+	return dirItem{name, a.Mode, a.Size, a.UID, a.GID, a.Atime.Unix(), a.Mtime.Unix(), a.Nlink}
+}
+
+func (d dirItem) attr() backend.Attr {
+	return backend.Attr{Mode: d.Mode, Size: d.Size, UID: d.UID, GID: d.GID,
+		Atime: time.Unix(d.Atime, 0), Mtime: time.Unix(d.Mtime, 0), Nlink: d.Nlink}
+}
+
+// loadQueued returns the value of key p: the one queued for the next commit, else the
+// database's (nil: none, or a deletion queued).
+func (st *Store) loadQueued(queue map[string][]byte, bucket []byte, p string) []byte {
+	st.mu.Lock()
+	v, queued := queue[p]
+	st.mu.Unlock()
+	if queued {
+		return v
+	}
+	st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error is a miss
+		if b := tx.Bucket(bucket).Get([]byte(p)); b != nil {
+			v = append([]byte(nil), b...)
+		}
+		return nil
+	})
+	return v
 }
 
 // SaveAttr keeps the attributes of a path looked up on the server, so that an
 // offline mount can still answer for it.
 func (st *Store) SaveAttr(p string, a backend.Attr) {
-	v, err := json.Marshal(dirItem{"", a.Mode, a.Size, a.UID, a.GID, a.Atime.Unix(), a.Mtime.Unix(), a.Nlink})
+	v, err := json.Marshal(itemOf("", a))
 	if err != nil {
 		return
 	}
@@ -774,23 +782,12 @@ func (st *Store) SaveAttr(p string, a backend.Attr) {
 
 // LoadAttr returns stored attributes of a path.
 func (st *Store) LoadAttr(p string) (backend.Attr, bool) {
-	st.mu.Lock()
-	v, queued := st.attrSaves[p]
-	st.mu.Unlock()
-	if !queued {
-		st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error is a miss
-			if b := tx.Bucket(bucketAttrs).Get([]byte(p)); b != nil {
-				v = append([]byte(nil), b...)
-			}
-			return nil
-		})
-	}
+	v := st.loadQueued(st.attrSaves, bucketAttrs, p)
 	var d dirItem
 	if v == nil || json.Unmarshal(v, &d) != nil {
 		return backend.Attr{}, false
 	}
-	return backend.Attr{Mode: d.Mode, Size: d.Size, UID: d.UID, GID: d.GID,
-		Atime: time.Unix(d.Atime, 0), Mtime: time.Unix(d.Mtime, 0), Nlink: d.Nlink}, true
+	return d.attr(), true
 }
 
 // ForgetListings drops what is stored of the given paths: their listings and
@@ -904,17 +901,10 @@ func (st *Store) Clear() error {
 	for _, p := range paths {
 		os.Remove(st.dataPath(p))
 	}
-	var used int64
-	st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // used stays 0
-		return tx.Bucket(bucketFiles).ForEach(func(_, v []byte) error {
-			var r record
-			if json.Unmarshal(v, &r) == nil {
-				used += r.Spans.bytes()
-			}
-			return nil
-		})
+	st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // used stays as it was
+		st.used.Store(cachedBytes(tx.Bucket(bucketFiles)))
+		return nil
 	})
-	st.used.Store(used)
 	return nil
 }
 
@@ -938,15 +928,23 @@ func ReadStats(dir string) (Stats, error) {
 			return nil
 		}
 		s.Files, s.Dirs = fb.Stats().KeyN, db.Stats().KeyN
-		return fb.ForEach(func(_, v []byte) error {
-			var r record
-			if json.Unmarshal(v, &r) == nil {
-				s.Bytes += r.Spans.bytes()
-			}
-			return nil
-		})
+		s.Bytes = cachedBytes(fb)
+		return nil
 	})
 	return s, err
+}
+
+// cachedBytes sums the data the records of a files bucket name.
+func cachedBytes(b *bolt.Bucket) int64 {
+	var n int64
+	b.ForEach(func(_, v []byte) error { //nolint:errcheck // the callback never fails
+		var r record
+		if json.Unmarshal(v, &r) == nil {
+			n += r.Spans.bytes()
+		}
+		return nil
+	})
+	return n
 }
 
 // SourceDirs lists the source directories of a cache directory.
