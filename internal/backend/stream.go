@@ -39,6 +39,28 @@ type pendingWrite struct {
 	startErr error // why sending failed, if it did
 }
 
+// replayBufs recycles the copies of writes kept until acknowledged: one per request of
+// up to 255 KiB, so a fresh allocation each would feed the garbage collector at the
+// speed of the stream.
+var replayBufs = sync.Pool{New: func() any { b := make([]byte, 0, replayBuf); return &b }}
+
+const replayBuf = 256 << 10
+
+func copyForReplay(p []byte) []byte {
+	if len(p) > replayBuf {
+		return append([]byte(nil), p...)
+	}
+	b := *replayBufs.Get().(*[]byte)
+	return append(b[:0], p...)
+}
+
+func releaseReplay(b []byte) {
+	if cap(b) == replayBuf {
+		b = b[:0]
+		replayBufs.Put(&b)
+	}
+}
+
 // startLocked sends pw on the current handle.
 func (f *sftpFile) startLocked(pw *pendingWrite) {
 	h := f.handle()
@@ -50,7 +72,7 @@ func (f *sftpFile) startLocked(pw *pendingWrite) {
 // window is full. A lost connection is dealt with when the write is waited for.
 func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64) error {
 	wb := &f.wb
-	wb.pending = append(wb.pending, pendingWrite{off: off, data: append([]byte(nil), data...)})
+	wb.pending = append(wb.pending, pendingWrite{off: off, data: copyForReplay(data)})
 	wb.bytes += len(data)
 	pw := &wb.pending[len(wb.pending)-1]
 	f.startLocked(pw)
@@ -87,6 +109,7 @@ func (f *sftpFile) waitOldestLocked(ctx context.Context) {
 		}
 	}
 	wb.bytes -= len(wb.pending[0].data)
+	releaseReplay(wb.pending[0].data)
 	wb.pending[0] = pendingWrite{}
 	wb.pending = wb.pending[1:]
 	if err != nil && wb.err == nil {

@@ -28,6 +28,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+	"golang.org/x/sys/unix"
 
 	"github.com/muxfs/muxfs/internal/backend"
 )
@@ -533,6 +534,7 @@ func (st *Store) flush() {
 		e   *entry
 		rec record
 		gen uint64
+		f   *os.File // its data file, if open
 	}
 	st.mu.Lock()
 	var todo []pending
@@ -543,7 +545,7 @@ func (st *Store) flush() {
 		if e.dirty && e.valid && !racy {
 			rec := e.rec
 			rec.Spans = append(spans(nil), e.rec.Spans...)
-			todo = append(todo, pending{e, rec, e.gen})
+			todo = append(todo, pending{e, rec, e.gen, e.f})
 			if e.f != nil {
 				files = append(files, e.f)
 			}
@@ -556,15 +558,33 @@ func (st *Store) flush() {
 	if len(todo) == 0 && len(dirs) == 0 && len(attrs) == 0 {
 		return
 	}
-	for _, f := range files {
-		f.Sync() //nolint:errcheck // a failed sync leaves the record uncommitted below
+	// Records are committed only for data known to be on disk: a failed sync leaves
+	// them dirty, to be tried again next round.
+	unsynced := map[*os.File]bool{}
+	if len(files) > 64 {
+		// Many files (an untar, a build): one syncfs of the cache's file system
+		// costs far less than a sync per file.
+		d, err := os.Open(st.dir)
+		if err == nil {
+			err = unix.Syncfs(int(d.Fd()))
+			d.Close()
+		}
+		if err != nil {
+			return
+		}
+	} else {
+		for _, f := range files {
+			if f.Sync() != nil {
+				unsynced[f] = true
+			}
+		}
 	}
 	var committed []pending
 	err := st.db.Update(func(tx *bolt.Tx) error {
 		fb := tx.Bucket(bucketFiles)
 		for _, t := range todo {
 			t.e.mu.Lock()
-			ok := t.e.gen == t.gen && t.e.valid
+			ok := t.e.gen == t.gen && t.e.valid && !unsynced[t.f]
 			t.e.mu.Unlock()
 			if !ok {
 				continue // a write began since: its data is not what was synced
