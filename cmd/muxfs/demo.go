@@ -71,6 +71,8 @@ func runDemo(args []string, keep bool) error {
 	cfg := &config.Config{Options: config.Defaults(), Mountpoint: mp}
 	cfg.Options.Foreground = true
 	cfg.Options.SSHOptions = keys.SSHOptions()
+	// The demo's throwaway servers must not leave entries in the user's cache.
+	cfg.Options.CacheDir = filepath.Join(tmp, "cache")
 	root := config.Mount{Path: "/", Policy: config.PolicyEPFF}
 	var servers []*sshd.Server
 	defer func() {
