@@ -189,6 +189,15 @@ func TestUnprivileged(t *testing.T) {
 	if err != nil || st.Sys().(*syscall.Stat_t).Uid != uid {
 		t.Errorf("file on the server: %v, owner %v", err, st.Sys())
 	}
+	// The persistent cache is the user's own, and a fully cached file still reads
+	// right without FUSE passthrough (which needs CAP_SYS_ADMIN).
+	if st, err := os.Stat(home + "/.cache/muxfs"); err != nil || st.Mode().Perm() != 0o700 || st.Sys().(*syscall.Stat_t).Uid != uid {
+		t.Errorf("cache directory of an unprivileged mount: %v %v", err, st)
+	}
+	out, err = asNobody("/bin/sh", "-c", "cat "+mp+"/u.txt "+mp+"/u.txt").CombinedOutput()
+	if err != nil || string(out) != "mine\nmine\n" {
+		t.Errorf("reading a cached file unprivileged: %v %q", err, out)
+	}
 	// Without allow_other, nobody else, not even root, may enter the mount.
 	if _, err := os.ReadDir(mp); !errors.Is(err, os.ErrPermission) {
 		t.Errorf("root reading another user's mount: got %v, want permission denied", err)
