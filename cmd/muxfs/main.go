@@ -29,9 +29,22 @@ Mount options (-o name[=value],...; sshfs names where the meaning is the same):
   ssh_command=CMD        run CMD instead of ssh
   sftp_server=PATH       run PATH on the server instead of the sftp subsystem
   max_conns=N            SFTP sessions per server (default 4)
-  entry_timeout=S        kernel cache time for names (default 1)
-  attr_timeout=S         kernel cache time for attributes (default 1)
-  negative_timeout=S     kernel cache time for missing names (default 0)
+  timeout=S              every request to a server ends within S seconds, reconnects
+                         and retries included (default 30)
+  cache=full|meta|memory|off
+                         full (default): memory caches, and file contents and
+                         listings kept on disk; meta: listings only on disk;
+                         memory: nothing on disk; off (or no): no caches
+  cache_timeout=S        how long cached metadata is trusted (default 20)
+  dir_cache=yes|no       list subdirectories ahead of a walk (default yes)
+  cache_dir=DIR          persistent cache directory (same as --cache-dir)
+  cache_max_size=SIZE    file data kept on disk (default 10G; 0: no limit)
+  cache_min_free=SIZE    free space left on the cache's file system (default 1G)
+  offline=auto|off       serve the cache read-only while a server is unreachable
+                         (default auto)
+  entry_timeout=S        kernel cache time for names (default: cache_timeout)
+  attr_timeout=S         kernel cache time for attributes (default: cache_timeout)
+  negative_timeout=S     kernel cache time for missing names (default: cache_timeout)
   fsname=NAME            name shown in df and mount
   config=FILE            the config file (for fstab lines)
   compression=yes|no     ssh compression
