@@ -1,5 +1,10 @@
 package diskcache
 
+import (
+	"slices"
+	"sort"
+)
+
 // spans is a set of byte ranges [Off, End) of a file, sorted and disjoint: the parts
 // of a remote file held in its cache file.
 type spans []span
@@ -9,21 +14,19 @@ type span struct {
 	End int64 `json:"e"`
 }
 
-// add includes [off, end), merging with touching or overlapping spans.
+// add includes [off, end), merging with touching or overlapping spans. Binary search
+// and an in-place replace: random reads build thousands of spans.
 func (s spans) add(off, end int64) spans {
 	if end <= off {
 		return s
 	}
-	var out spans
-	i := 0
-	for ; i < len(s) && s[i].End < off; i++ {
-		out = append(out, s[i])
+	// s[i:j] are the spans that touch or overlap [off, end).
+	i := sort.Search(len(s), func(k int) bool { return s[k].End >= off })
+	j := sort.Search(len(s), func(k int) bool { return s[k].Off > end })
+	if i < j {
+		off, end = min(off, s[i].Off), max(end, s[j-1].End)
 	}
-	for ; i < len(s) && s[i].Off <= end; i++ {
-		off, end = min(off, s[i].Off), max(end, s[i].End)
-	}
-	out = append(out, span{off, end})
-	return append(out, s[i:]...)
+	return slices.Replace(s, i, j, span{off, end})
 }
 
 // covers reports whether [off, end) is wholly present.
@@ -31,15 +34,9 @@ func (s spans) covers(off, end int64) bool {
 	if end <= off {
 		return true
 	}
-	for _, sp := range s {
-		if sp.Off <= off && end <= sp.End {
-			return true
-		}
-		if sp.Off > off {
-			return false
-		}
-	}
-	return false
+	// The last span starting at or before off is the only one that can hold it.
+	i := sort.Search(len(s), func(k int) bool { return s[k].Off > off }) - 1
+	return i >= 0 && end <= s[i].End
 }
 
 // clip drops everything at or beyond size (a truncate).
