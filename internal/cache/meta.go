@@ -336,6 +336,8 @@ func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, e
 		s.meta.putListing(s.id, p, list, now, stamp)
 		if s.persist != nil && s.meta.stamp(s.id, p) == stamp {
 			s.persist.SaveListing(p, list, now)
+			// Fetched by this mount: its stored copy is not a first use later.
+			s.markStoredUsed(p)
 		}
 		return list, nil
 	})
@@ -361,13 +363,7 @@ func (s *Source) storedListing(p string, now time.Time) ([]backend.Entry, bool) 
 	// listing had just been fetched: a remounted tree is then warm with no request at
 	// all. Used again after that (the memory copy expired), an old listing is
 	// answered at once and fetched again behind the caller.
-	s.storedMu.Lock()
-	first := !s.storedUsed[p]
-	if s.storedUsed == nil {
-		s.storedUsed = map[string]bool{}
-	}
-	s.storedUsed[p] = true
-	s.storedMu.Unlock()
+	first := s.markStoredUsed(p)
 	fresh := first || now.Sub(at) < s.meta.TTL
 	s.meta.putListing(s.id, p, list, now, stamp)
 	if !fresh && !offline {
@@ -375,6 +371,19 @@ func (s *Source) storedListing(p string, now time.Time) ([]backend.Entry, bool) 
 	}
 	// No listing ahead here: the subdirectories are most likely stored too.
 	return list, true
+}
+
+// markStoredUsed records that this mount has used (or fetched) the listing of p, and
+// reports whether it had not before.
+func (s *Source) markStoredUsed(p string) bool {
+	s.storedMu.Lock()
+	defer s.storedMu.Unlock()
+	if s.storedUsed == nil {
+		s.storedUsed = map[string]bool{}
+	}
+	first := !s.storedUsed[p]
+	s.storedUsed[p] = true
+	return first
 }
 
 // offlineLstat answers a lookup from the stored listing of the parent while the source

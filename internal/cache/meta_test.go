@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -161,5 +162,86 @@ func TestPrefetch(t *testing.T) {
 	}
 	if before < 4 {
 		t.Errorf("subdirectories were not listed ahead: %d listings", before)
+	}
+}
+
+// memPersist is an in-memory Persister.
+type memPersist struct {
+	mu    sync.Mutex
+	dirs  map[string][]backend.Entry
+	at    map[string]time.Time
+	attrs map[string]backend.Attr
+}
+
+func newMemPersist() *memPersist {
+	return &memPersist{dirs: map[string][]backend.Entry{}, at: map[string]time.Time{}, attrs: map[string]backend.Attr{}}
+}
+
+func (m *memPersist) SaveListing(p string, list []backend.Entry, at time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.dirs[p], m.at[p] = list, at
+}
+
+func (m *memPersist) LoadListing(p string) ([]backend.Entry, time.Time, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l, ok := m.dirs[p]
+	return l, m.at[p], ok
+}
+
+func (m *memPersist) SaveAttr(p string, a backend.Attr) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.attrs[p] = a
+}
+
+func (m *memPersist) LoadAttr(p string) (backend.Attr, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a, ok := m.attrs[p]
+	return a, ok
+}
+
+func (m *memPersist) ForgetListings(dirs ...string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, d := range dirs {
+		delete(m.dirs, d)
+		delete(m.attrs, d)
+	}
+}
+
+func (m *memPersist) ForgetTree(string) {}
+
+// TestStoredListings: a listing stored by an earlier mount answers at once, without a
+// request; one this mount fetched itself is fetched again once it is older than the
+// TTL (answered meanwhile from the store, the new answer arriving behind it).
+func TestStoredListings(t *testing.T) {
+	ctx := context.Background()
+	store := newMemPersist()
+	s, c, dir := newSource(t, 50*time.Millisecond, nil)
+	s.SetPersist(store, func() bool { return false })
+	os.WriteFile(dir+"/a", []byte("a"), 0o644) //nolint:errcheck
+	if _, err := s.ReadDir(ctx, ""); err != nil || c.readdirs.Load() != 1 {
+		t.Fatalf("first listing: %v, %d requests", err, c.readdirs.Load())
+	}
+	time.Sleep(80 * time.Millisecond) // past the TTL
+	if list, err := s.ReadDir(ctx, ""); err != nil || len(list) != 1 {
+		t.Fatalf("stored listing: %v %v", list, err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for c.readdirs.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if c.readdirs.Load() < 2 {
+		t.Error("an old listing fetched by this mount was not fetched again")
+	}
+
+	// A new mount over the same store: its first use needs no request.
+	s2, c2, _ := newSource(t, time.Minute, nil)
+	s2.SetPersist(store, func() bool { return false })
+	if list, err := s2.ReadDir(ctx, ""); err != nil || len(list) != 1 || c2.readdirs.Load() != 0 {
+		t.Errorf("remounted: %v %v, %d requests", list, err, c2.readdirs.Load())
 	}
 }

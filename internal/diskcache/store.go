@@ -396,15 +396,24 @@ func (e *entry) beginWriteLocked() error {
 	return err
 }
 
+// changeLocked prepares the entry for a change made through muxfs; false: the change
+// is not to be cached (the entry is detached, or its record could not be withdrawn).
+func (e *entry) changeLocked() bool {
+	if e.detached {
+		return false
+	}
+	if e.beginWriteLocked() != nil {
+		e.resetLocked()
+		return false
+	}
+	return true
+}
+
 // write stores data written through muxfs, so that it is cached too.
 func (e *entry) write(p []byte, off int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.detached {
-		return
-	}
-	if e.beginWriteLocked() != nil {
-		e.resetLocked()
+	if !e.changeLocked() {
 		return
 	}
 	e.storeLocked(p, off)
@@ -415,11 +424,7 @@ func (e *entry) write(p []byte, off int64) {
 func (e *entry) truncate(size int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.detached {
-		return
-	}
-	if e.beginWriteLocked() != nil {
-		e.resetLocked()
+	if !e.changeLocked() {
 		return
 	}
 	if f, err := e.fileLocked(); err == nil && f.Truncate(size) == nil {

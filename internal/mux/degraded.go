@@ -58,7 +58,11 @@ func (d *Degraded) Available() bool {
 
 func (d *Degraded) leave(cause error) {
 	if d.out.CompareAndSwap(false, true) {
-		d.log.Warn("source unreachable: its union goes on without it until it is back", "source", d.String(), "err", cause)
+		msg := "source unreachable: its union goes on without it until it is back"
+		if d.offline != nil && d.offline() {
+			msg = "source unreachable: its union shows its cached files, read-only, until it is back"
+		}
+		d.log.Warn(msg, "source", d.String(), "err", cause)
 	}
 }
 

@@ -66,3 +66,22 @@ func (unreachable) String() string { return "unreachable" }
 func (unreachable) Lstat(context.Context, string) (backend.Attr, error) {
 	return backend.Attr{}, &backend.Error{Op: "lstat", Errno: syscall.EIO, Cause: backend.ErrUnavailable}
 }
+
+// TestOfflineMemberStaysVisible: a member that is down but served by the persistent
+// cache keeps its names in the union, read-only: placement leaves it out.
+func TestOfflineMemberStaysVisible(t *testing.T) {
+	l, dirs := layer(t, 2, config.PolicyEPFF)
+	put(t, filepath.Join(dirs[0], "d", "only0"))
+	put(t, filepath.Join(dirs[1], "d", "only1"))
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	down := func() backend.State { return backend.StateDown }
+	l.Branches[0].Backend = NewDegraded(l.Branches[0].Backend, down, func() bool { return true }, log)
+	ctx := context.Background()
+	f, err := l.Resolve(ctx, "d/only0")
+	if err != nil || f.Index != 0 {
+		t.Errorf("name of the offline member: %+v %v, want it found on member 0", f, err)
+	}
+	if i, err := l.Place(ctx, "d", []int{0, 1}); err != nil || i != 1 {
+		t.Errorf("placement with member 0 offline: %d %v, want member 1", i, err)
+	}
+}
