@@ -218,6 +218,43 @@ func TestCacheCrashSafety(t *testing.T) {
 	}
 }
 
+// TestContentPrefetch: reading small files whole (grep -r) makes muxfs fetch the
+// other small files of the directories the walk goes through, ahead of it: with the
+// server gone right after one file was read, its siblings and the files of a
+// subdirectory listed since are still readable, from the cache. A large file is not
+// fetched ahead.
+func TestContentPrefetch(t *testing.T) {
+	e := newEnv(t, 1)
+	cacheDir := filepath.Join(e.tmp, "cache")
+	for i := 0; i < 20; i++ {
+		serverFile(t, fmt.Sprintf("%s/src/f%02d.c", e.data[0], i), []byte(fmt.Sprintf("int f%d;\n", i)))
+		serverFile(t, fmt.Sprintf("%s/src/sub/g%02d.c", e.data[0], i), []byte(fmt.Sprintf("int g%d;\n", i)))
+	}
+	serverFile(t, e.data[0]+"/src/big.bin", bytes.Repeat([]byte("x"), 300<<10))
+	mp := e.mountpoint()
+	cmd := e.mountAt(mp, e.source(0, ""), "--cache-dir", cacheDir, "-o", "timeout=3")
+	defer unmountAndWait(t, mp, cmd)
+	names(t, mp+"/src")
+	if got := readString(t, mp+"/src/f00.c"); got != "int f0;\n" {
+		t.Fatalf("read: %q", got)
+	}
+	names(t, mp+"/src/sub") // the walk goes on into a subdirectory
+	time.Sleep(1500 * time.Millisecond)
+	e.servers[0].Kill()
+	waitStatus(t, mp, `"state": "offline"`)
+	for i := 0; i < 20; i++ {
+		if got, err := os.ReadFile(fmt.Sprintf("%s/src/f%02d.c", mp, i)); err != nil || string(got) != fmt.Sprintf("int f%d;\n", i) {
+			t.Errorf("sibling f%02d.c offline: %q, %v (not fetched ahead)", i, got, err)
+		}
+		if got, err := os.ReadFile(fmt.Sprintf("%s/src/sub/g%02d.c", mp, i)); err != nil || string(got) != fmt.Sprintf("int g%d;\n", i) {
+			t.Errorf("sub/g%02d.c offline: %q, %v (not fetched ahead)", i, got, err)
+		}
+	}
+	if _, err := os.ReadFile(mp + "/src/big.bin"); !errors.Is(err, syscall.EIO) {
+		t.Errorf("a large file was fetched ahead too: %v", err)
+	}
+}
+
 // TestOffline: with the server gone, what the cache holds stays readable (listings
 // included), the rest fails with EIO, changes fail with EROFS, and status says
 // offline; when the server is back, so is the mount.
@@ -225,7 +262,8 @@ func TestOffline(t *testing.T) {
 	e := newEnv(t, 1)
 	cacheDir := filepath.Join(e.tmp, "cache")
 	serverFile(t, e.data[0]+"/docs/cached.txt", []byte("kept"))
-	serverFile(t, e.data[0]+"/docs/uncached.txt", []byte("not read"))
+	// Larger than what the content prefetch fetches when a sibling is read whole.
+	serverFile(t, e.data[0]+"/docs/uncached.txt", bytes.Repeat([]byte("not read\n"), 40<<10))
 	mp := e.mountpoint()
 	cmd := e.mountAt(mp, e.source(0, ""), "--cache-dir", cacheDir, "-o", "timeout=3")
 	names(t, mp+"/docs")

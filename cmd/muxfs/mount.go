@@ -342,7 +342,7 @@ func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger) (*m
 			if meta != nil {
 				ss.cache = cache.Wrap(b, id, meta, prefetch)
 				if ss.disk != nil {
-					ss.cache.SetPersist(ss.disk.Store(), offline)
+					ss.cache.SetPersist(ss.disk.Persister(), offline)
 				}
 				b = ss.cache
 			}

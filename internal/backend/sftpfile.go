@@ -37,6 +37,7 @@ func (s *SFTP) Statfs(ctx context.Context, p string) (Statfs, error) {
 
 func (s *SFTP) Open(ctx context.Context, p string, flags int, mode uint32) (File, error) {
 	readOnly := flags&(os.O_WRONLY|os.O_RDWR) == 0
+	created := flags&(os.O_CREATE|os.O_EXCL) == os.O_CREATE|os.O_EXCL
 	var a sftp.Attrs
 	if flags&os.O_CREATE != 0 {
 		a = sftp.Attrs{Flags: sftp.AttrPermissions, Mode: mode & 07777}
@@ -54,13 +55,15 @@ func (s *SFTP) Open(ctx context.Context, p string, flags int, mode uint32) (File
 		if err != nil {
 			return err
 		}
-		check, err := startCheck(c, h, at)
-		if err != nil {
-			return err
+		f = &sftpFile{s: s, path: p, flags: flags, readOnly: readOnly, created: created,
+			opened: attrFromSFTP(at), lstat: at, cur: handle{m: m, c: c, h: h}}
+		if created {
+			// An exclusive create follows no symlink (it fails on any existing name):
+			// the handle is the new file, and needs no identity check.
+			return nil
 		}
-		f = &sftpFile{s: s, path: p, flags: flags, readOnly: readOnly,
-			opened: attrFromSFTP(at), lstat: at, check: check, cur: handle{m: m, c: c, h: h}}
-		return nil
+		f.check, err = startCheck(c, h, at)
+		return err
 	})
 	if err != nil {
 		return nil, s.fail(ctx, "open", p, err, func() syscall.Errno {
@@ -111,6 +114,7 @@ type sftpFile struct {
 	path     string
 	flags    int // as opened, for reopening
 	readOnly bool
+	created  bool // this open created the file (O_EXCL) and its owner is unchanged
 	opened   Attr // the file's attributes just after it was opened
 
 	lstat    sftp.Attrs // the path's, just after the open
@@ -361,12 +365,30 @@ func (f *sftpFile) ready(ctx context.Context) error {
 
 func (f *sftpFile) OpenedAttr() Attr { return f.opened }
 
+// Stat waits for every write and returns the file's attributes. The FSTAT is sent
+// behind the writes in flight (requests on one file apply in order), so waiting for
+// both is one round trip.
 func (f *sftpFile) Stat(ctx context.Context) (Attr, error) {
 	ctx, cancel := f.s.deadline(ctx)
 	defer cancel()
-	if err := f.ready(ctx); err != nil {
-		return Attr{}, err
+	f.wb.mu.Lock()
+	if err := f.checkedLocked(ctx); err != nil {
+		f.wb.mu.Unlock()
+		return Attr{}, f.s.fail(ctx, "open", f.path, err, nil)
 	}
+	h := f.handle()
+	pending, perr := h.c.StartFstat(h.h)
+	werr := f.flushLocked(ctx)
+	f.wb.mu.Unlock()
+	if werr != nil {
+		return Attr{}, f.s.fail(ctx, "write", f.path, werr, nil)
+	}
+	if perr == nil && f.handle() == h {
+		if a, err := pending.Wait(ctx); !connLost(err) {
+			return attrFromSFTP(a), f.s.fail(ctx, "fstat", f.path, err, nil)
+		}
+	}
+	// The session was lost under the FSTAT: ask again on the file's new handle.
 	var a sftp.Attrs
 	err := f.withHandle(ctx, func(h handle) error {
 		var err error
@@ -379,15 +401,46 @@ func (f *sftpFile) Stat(ctx context.Context) (Attr, error) {
 	return attrFromSFTP(a), nil
 }
 
+// SetAttr changes the open file's attributes through its handle, queued behind its
+// writes (requests on one file apply in order), so that waiting for those writes and
+// for the change is one round trip. A change the server cannot refuse (cannotRefuse)
+// goes out behind the caller like a write, and its only possible failure, the
+// link's, is reported by the next write, flush, fsync or close: what an untar does
+// to every file costs no wait.
 func (f *sftpFile) SetAttr(ctx context.Context, set SetAttr) error {
 	ctx, cancel := f.s.deadline(ctx)
 	defer cancel()
 	f.ra.reset()
-	if err := f.ready(ctx); err != nil {
-		return err
+	f.wb.mu.Lock()
+	defer f.wb.mu.Unlock()
+	if err := f.checkedLocked(ctx); err != nil {
+		return f.s.fail(ctx, "open", f.path, err, nil)
 	}
-	err := f.withHandle(ctx, func(h handle) error { return h.c.Fsetstat(ctx, h.h, toSFTPAttrs(set)) })
-	return setattrErrno(f.s.fail(ctx, "fsetstat", f.path, err, nil))
+	if f.wb.err != nil {
+		return f.s.fail(ctx, "write", f.path, f.flushLocked(ctx), nil)
+	}
+	a := toSFTPAttrs(set)
+	if err := f.queueLocked(ctx, pendingWrite{set: &a}); err != nil {
+		f.flushLocked(ctx) //nolint:errcheck // err is the one to report
+		return setattrErrno(f.s.fail(ctx, "fsetstat", f.path, err, nil))
+	}
+	if f.cannotRefuse(set) {
+		return nil
+	}
+	if set.Valid&SetOwner != 0 {
+		f.created = false // the server's user may own it no more
+	}
+	return setattrErrno(f.s.fail(ctx, "fsetstat", f.path, f.flushLocked(ctx), nil))
+}
+
+// cannotRefuse tells a change the server cannot refuse for lack of permission: one
+// of mode or times, or an owner and group left as they are (cp -p, tar as root), on a
+// file this handle created, which the server's user therefore owns.
+func (f *sftpFile) cannotRefuse(set SetAttr) bool {
+	if !f.created || set.Valid&^(SetMode|SetTimes|SetOwner) != 0 {
+		return false
+	}
+	return set.Valid&SetOwner == 0 || set.UID == f.opened.UID && set.GID == f.opened.GID
 }
 
 func (f *sftpFile) Sync(ctx context.Context) error {

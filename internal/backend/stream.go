@@ -34,6 +34,7 @@ type writeBehind struct {
 type pendingWrite struct {
 	off      int64
 	data     []byte
+	set      *sftp.Attrs  // an FSETSTAT queued among the writes instead of a WRITE
 	c        *sftp.Client // the session it was last sent on
 	w        *sftp.PendingWrite
 	startErr error // why sending failed, if it did
@@ -61,28 +62,43 @@ func releaseReplay(b []byte) {
 	}
 }
 
+// maxQueued bounds the requests in a file's queue whatever their size (tiny writes,
+// attribute changes), as writeWindow bounds its bytes.
+const maxQueued = 1024
+
 // startLocked sends pw on the current handle.
 func (f *sftpFile) startLocked(pw *pendingWrite) {
 	h := f.handle()
 	pw.c = h.c
+	if pw.set != nil {
+		pw.w, pw.startErr = h.c.StartFsetstat(h.h, *pw.set)
+		return
+	}
 	pw.w, pw.startErr = h.c.StartWrite(h.h, pw.data, pw.off)
 }
 
 // sendLocked sends a copy of data at off and waits for the oldest writes while the
 // window is full. A lost connection is dealt with when the write is waited for.
 func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64) error {
+	return f.queueLocked(ctx, pendingWrite{off: off, data: copyForReplay(data)})
+}
+
+// queueLocked sends pw behind the file's requests in flight and waits for the oldest
+// while the window is full.
+func (f *sftpFile) queueLocked(ctx context.Context, pw pendingWrite) error {
 	wb := &f.wb
-	wb.pending = append(wb.pending, pendingWrite{off: off, data: copyForReplay(data)})
-	wb.bytes += len(data)
-	pw := &wb.pending[len(wb.pending)-1]
-	f.startLocked(pw)
-	if pw.startErr != nil && !connLost(pw.startErr) {
-		err := pw.startErr
+	wb.pending = append(wb.pending, pw)
+	wb.bytes += len(pw.data)
+	last := &wb.pending[len(wb.pending)-1]
+	f.startLocked(last)
+	if last.startErr != nil && !connLost(last.startErr) {
+		err := last.startErr
+		releaseReplay(last.data)
 		wb.pending = wb.pending[:len(wb.pending)-1]
-		wb.bytes -= len(data)
+		wb.bytes -= len(pw.data)
 		return err
 	}
-	for wb.bytes > writeWindow {
+	for wb.bytes > writeWindow || len(wb.pending) > maxQueued {
 		f.waitOldestLocked(ctx)
 	}
 	return wb.err

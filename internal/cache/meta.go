@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,6 +67,10 @@ type dirEntry struct {
 	list    []backend.Entry
 	byName  map[string]int
 	expires time.Time
+	// dirty names are being changed through muxfs (written to): the listing still
+	// says they exist, but their attributes must be asked for, and the listing is not
+	// given out whole until it is fetched again.
+	dirty map[string]bool
 }
 
 // NewMeta returns an empty cache.
@@ -96,6 +101,9 @@ func (m *Meta) lookup(source int, p string, now time.Time) (a backend.Attr, foun
 	dir, name := parentOf(p)
 	if d, hit := m.dirs[key{source, dir}]; hit && now.Before(d.expires) {
 		if i, in := d.byName[name]; in {
+			if d.dirty[name] {
+				return backend.Attr{}, false, false
+			}
 			return d.list[i].Attr, true, true
 		}
 		return backend.Attr{}, false, true
@@ -120,7 +128,7 @@ func (m *Meta) putAttr(source int, p string, a backend.Attr, missing bool, now t
 func (m *Meta) listing(source int, p string, now time.Time) ([]backend.Entry, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if d, hit := m.dirs[key{source, p}]; hit && now.Before(d.expires) {
+	if d, hit := m.dirs[key{source, p}]; hit && now.Before(d.expires) && len(d.dirty) == 0 {
 		return d.list, true
 	}
 	return nil, false
@@ -177,6 +185,58 @@ func (m *Meta) Invalidate(source int, p string) {
 	if p != "" {
 		m.dropLocked(key{source, dir})
 	}
+}
+
+// Created records an entry just made (or opened for writing) through muxfs, with
+// attributes a: p's own entries go, and a fresh listing of its parent is kept with p
+// in it, so that the next names looked up in a directory being filled (an untar, a
+// build's outputs) are answered without a request.
+func (m *Meta) Created(source int, p string, a backend.Attr) {
+	dir, name := parentOf(p)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.gens[slot(source, p)]++
+	m.gens[slot(source, dir)]++
+	m.dropLocked(key{source, p})
+	d, hit := m.dirs[key{source, dir}]
+	if !hit || p == "" {
+		return
+	}
+	// Listings are handed out to callers: a changed one is a copy.
+	list := slices.Clone(d.list)
+	e := backend.Entry{Name: name, Attr: a}
+	if i, in := d.byName[name]; in {
+		list[i] = e
+	} else {
+		list = append(list, e)
+		d.byName[name] = len(list) - 1
+		m.entries++
+	}
+	d.list = list
+	delete(d.dirty, name)
+}
+
+// Dirtied records that p's content (size, mtime) is changing through muxfs: its
+// attributes must be asked for again, while its parent's listing still answers for
+// the other names.
+func (m *Meta) Dirtied(source int, p string) {
+	dir, name := parentOf(p)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.gens[slot(source, p)]++
+	m.gens[slot(source, dir)]++
+	m.dropLocked(key{source, p})
+	if d, hit := m.dirs[key{source, dir}]; hit && p != "" {
+		if d.dirty == nil {
+			d.dirty = map[string]bool{}
+		}
+		d.dirty[name] = true
+	}
+}
+
+// MadeDir records a directory just created through muxfs: it is empty.
+func (m *Meta) MadeDir(source int, p string, now time.Time) {
+	m.putListing(source, p, nil, now, m.stamp(source, p))
 }
 
 func (m *Meta) dropLocked(k key) {
@@ -250,6 +310,8 @@ type Persister interface {
 	LoadAttr(p string) (backend.Attr, bool)
 	ForgetListings(dirs ...string)
 	ForgetTree(dir string)
+	// Listed is told of every listing handed out, from wherever it came.
+	Listed(dir string, list []backend.Entry)
 }
 
 // SetPersist attaches a persistent store of listings. offline reports, without
@@ -295,6 +357,14 @@ func (s *Source) Lstat(ctx context.Context, p string) (backend.Attr, error) {
 }
 
 func (s *Source) ReadDir(ctx context.Context, p string) ([]backend.Entry, error) {
+	list, err := s.readDir(ctx, p)
+	if err == nil && s.persist != nil {
+		s.persist.Listed(p, list)
+	}
+	return list, err
+}
+
+func (s *Source) readDir(ctx context.Context, p string) ([]backend.Entry, error) {
 	now := time.Now()
 	if list, ok := s.meta.listing(s.id, p, now); ok {
 		s.hits.Add(1)
@@ -436,7 +506,7 @@ func (s *Source) changed(paths ...string) {
 // changedContent is changed for a file whose content (size, mtime) changes through a
 // handle: its stored attributes stay, as the handle's next Stat stores them anew.
 func (s *Source) changedContent(p string) {
-	s.meta.Invalidate(s.id, p)
+	s.meta.Dirtied(s.id, p)
 	if s.persist != nil {
 		dir, _ := parentOf(p)
 		s.persist.ForgetListings(dir)
@@ -454,8 +524,12 @@ func (s *Source) changedTree(p string) {
 }
 
 func (s *Source) Mkdir(ctx context.Context, p string, mode uint32) error {
-	defer s.changed(p)
-	return s.Backend.Mkdir(ctx, p, mode)
+	err := s.Backend.Mkdir(ctx, p, mode)
+	s.changed(p)
+	if err == nil {
+		s.meta.MadeDir(s.id, p, time.Now())
+	}
+	return err
 }
 
 func (s *Source) Rmdir(ctx context.Context, p string) error {
@@ -496,7 +570,11 @@ func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (ba
 		return nil, err
 	}
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_CREAT|syscall.O_TRUNC) != 0 {
-		s.changed(p)
+		s.meta.Created(s.id, p, f.OpenedAttr())
+		if s.persist != nil {
+			dir, _ := parentOf(p)
+			s.persist.ForgetListings(p, dir)
+		}
 		return &file{File: f, s: s, path: p}, nil
 	}
 	// An open is a fresh look at the file: later stats agree with it.

@@ -214,6 +214,8 @@ func (m *memPersist) ForgetListings(dirs ...string) {
 
 func (m *memPersist) ForgetTree(string) {}
 
+func (m *memPersist) Listed(string, []backend.Entry) {}
+
 // TestStoredListings: a listing stored by an earlier mount answers at once, without a
 // request; one this mount fetched itself is fetched again once it is older than the
 // TTL (answered meanwhile from the store, the new answer arriving behind it).

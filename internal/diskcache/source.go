@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/muxfs/muxfs/internal/backend"
+	"github.com/muxfs/muxfs/internal/cache"
 )
 
 // Source puts a store in front of a backend: file contents are served from and kept in
@@ -25,11 +26,34 @@ type Source struct {
 	state   func() backend.State
 	log     *slog.Logger
 	wasOff  atomic.Bool
+	pf      *prefetcher
 }
 
 // Wrap returns b with the store in front. state reports b's health without waiting.
 func Wrap(b backend.Backend, st *Store, data, offline bool, state func() backend.State, log *slog.Logger) *Source {
-	return &Source{Backend: b, st: st, data: data, offline: offline, state: state, log: log}
+	return &Source{Backend: b, st: st, data: data, offline: offline, state: state, log: log, pf: newPrefetcher()}
+}
+
+// Persister is the store as the memory cache's keeper of listings; the listings it is
+// given also feed the content prefetch.
+func (s *Source) Persister() cache.Persister { return persister{s.st, s} }
+
+type persister struct {
+	*Store
+	s *Source
+}
+
+func (p persister) SaveListing(dir string, list []backend.Entry, at time.Time) {
+	p.Store.SaveListing(dir, list, at)
+	if p.s.data {
+		p.s.listed(dir, list) // fetched ahead of a walk (cache.Prefetcher)
+	}
+}
+
+func (p persister) Listed(dir string, list []backend.Entry) {
+	if p.s.data {
+		p.s.listed(dir, list) // reached by a walk
+	}
 }
 
 // Store is the source's store.
@@ -125,6 +149,11 @@ func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (ba
 			return nil, err
 		}
 	}
+	if !w && s.data && !s.Offline() {
+		if f, ok := s.openCached(ctx, p); ok {
+			return f, nil
+		}
+	}
 	var f backend.File
 	var err error
 	if !w && s.data && s.Offline() {
@@ -135,7 +164,7 @@ func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (ba
 	if err != nil {
 		if !w && s.data && s.offline && backend.IsUnavailable(err) {
 			if e := s.st.acquireOffline(p); e != nil {
-				return &offlineFile{e: e, src: s.String()}, nil
+				return &cachedFile{e: e, src: s.String()}, nil
 			}
 		}
 		return nil, err
@@ -143,26 +172,62 @@ func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (ba
 	if !s.data {
 		return f, nil
 	}
-	return &file{File: f, e: s.st.acquire(p, f.OpenedAttr()), writing: w}, nil
+	return &file{File: f, e: s.st.acquire(p, f.OpenedAttr()), writing: w, s: s}, nil
 }
 
 // file is an open remote file whose contents go through the cache.
 type file struct {
 	backend.File
-	e       *entry
-	writing bool
-	once    sync.Once
+	e        *entry
+	writing  bool
+	prefetch bool // opened by the content prefetch, not by a user
+	once     sync.Once
+	s        *Source
+	reads    readTracker
 }
 
 func (f *file) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if n, ok := f.e.readAt(p, off); ok {
+		f.reads.read(off, n)
 		return n, nil
 	}
 	n, err := f.File.ReadAt(ctx, p, off)
 	if n > 0 {
 		f.e.fill(p[:n], off)
+		f.reads.read(off, n)
 	}
 	return n, err
+}
+
+// readTracker tells whether a file was read from its start to its end in order, as a
+// walk reading contents does.
+type readTracker struct {
+	mu   sync.Mutex
+	next int64
+}
+
+func (r *readTracker) read(off int64, n int) {
+	r.mu.Lock()
+	if off <= r.next {
+		r.next = max(r.next, off+int64(n))
+	}
+	r.mu.Unlock()
+}
+
+func (r *readTracker) whole(size int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return size > 0 && r.next >= size
+}
+
+// closedRead tells the content prefetch of a small file read whole by a user.
+func (s *Source) closedRead(e *entry, reads *readTracker) {
+	e.mu.Lock()
+	size, p := e.rec.Size, e.path
+	e.mu.Unlock()
+	if size <= prefetchMaxSize && reads.whole(size) {
+		s.wholeRead(p)
+	}
 }
 
 func (f *file) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
@@ -193,7 +258,12 @@ func (f *file) Stat(ctx context.Context) (backend.Attr, error) {
 
 func (f *file) Close(ctx context.Context) error {
 	err := f.File.Close(ctx)
-	f.once.Do(f.e.release)
+	f.once.Do(func() {
+		if !f.writing && !f.prefetch {
+			f.s.closedRead(f.e, &f.reads)
+		}
+		f.e.release()
+	})
 	return err
 }
 
@@ -219,47 +289,67 @@ func (e *entry) passthroughFd() (int, bool) {
 	return int(f.Fd()), true
 }
 
-// offlineFile is a cached file of a source that cannot be reached: what the cache
-// holds is readable, the rest fails with EIO, and nothing can be changed.
-type offlineFile struct {
-	e    *entry
-	src  string
-	once sync.Once
+// cachedFile is a file served from the cache alone: while its source is offline
+// (attr nil: what the cache holds is readable, the rest fails with EIO, and nothing
+// can be changed), or held whole and just checked against the server (attr: the
+// server's attributes, openCached).
+type cachedFile struct {
+	e     *entry
+	src   string
+	attr  *backend.Attr
+	s     *Source // set when online: its reads still show a walk (content prefetch)
+	once  sync.Once
+	reads readTracker
 }
 
-func (f *offlineFile) err(op string, errno syscall.Errno, why string) error {
+func (f *cachedFile) err(op string, errno syscall.Errno, why string) error {
 	return &backend.Error{Op: op, Source: f.src, Path: f.e.path, Errno: errno, Cause: errors.New(why)}
 }
 
-func (f *offlineFile) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
+func (f *cachedFile) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
 	if n, ok := f.e.readAt(p, off); ok {
+		f.reads.read(off, n)
 		return n, nil
+	}
+	if f.attr != nil {
+		return 0, f.err("read", syscall.EIO, "the cached copy of this file was dropped while open")
 	}
 	return 0, f.err("read", syscall.EIO, "this part of the file is not cached and the source is offline")
 }
 
-func (f *offlineFile) WriteAt(context.Context, []byte, int64) (int, error) {
+func (f *cachedFile) WriteAt(context.Context, []byte, int64) (int, error) {
+	if f.attr != nil {
+		return 0, f.err("write", syscall.EBADF, "the file is open for reading only")
+	}
 	return 0, f.err("write", syscall.EROFS, "the source is offline: cached files are read-only")
 }
 
-func (f *offlineFile) SetAttr(context.Context, backend.SetAttr) error {
+func (f *cachedFile) SetAttr(context.Context, backend.SetAttr) error {
 	return f.err("setattr", syscall.EROFS, "the source is offline: cached files are read-only")
 }
 
-func (f *offlineFile) Flush(context.Context) error { return nil }
-func (f *offlineFile) Sync(context.Context) error  { return nil }
+func (f *cachedFile) Flush(context.Context) error { return nil }
+func (f *cachedFile) Sync(context.Context) error  { return nil }
 
-func (f *offlineFile) OpenedAttr() backend.Attr {
+func (f *cachedFile) OpenedAttr() backend.Attr {
+	if f.attr != nil {
+		return *f.attr
+	}
 	f.e.mu.Lock()
 	defer f.e.mu.Unlock()
 	return backend.Attr{Mode: syscall.S_IFREG | 0o444, Size: f.e.rec.Size, Mtime: time.Unix(0, f.e.rec.Mtime)}
 }
 
-func (f *offlineFile) Stat(context.Context) (backend.Attr, error) { return f.OpenedAttr(), nil }
+func (f *cachedFile) Stat(context.Context) (backend.Attr, error) { return f.OpenedAttr(), nil }
 
-func (f *offlineFile) Close(context.Context) error {
-	f.once.Do(f.e.release)
+func (f *cachedFile) Close(context.Context) error {
+	f.once.Do(func() {
+		if f.s != nil {
+			f.s.closedRead(f.e, &f.reads)
+		}
+		f.e.release()
+	})
 	return nil
 }
 
-func (f *offlineFile) PassthroughFd() (int, bool) { return f.e.passthroughFd() }
+func (f *cachedFile) PassthroughFd() (int, bool) { return f.e.passthroughFd() }

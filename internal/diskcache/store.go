@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -155,7 +156,7 @@ func (c *Cache) Store(source string) (*Store, error) {
 		return nil, fmt.Errorf("cache of %s: %w", source, err)
 	}
 	st := &Store{c: c, name: source, dir: dir, db: db, entries: map[string]*entry{},
-		dirSaves: map[string][]byte{}, attrSaves: map[string][]byte{}}
+		dirSaves: map[string][]byte{}, attrSaves: map[string][]byte{}, gone: map[string]bool{}}
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketFiles, bucketDirs, bucketAttrs} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
@@ -186,6 +187,11 @@ type Store struct {
 	entries   map[string]*entry // open, or holding changes not yet committed
 	dirSaves  map[string][]byte // listings to commit (nil value: delete)
 	attrSaves map[string][]byte // attributes of looked-up paths to commit (nil: delete)
+	// gone are paths whose data file was removed (unlink, rename, truncate) and whose
+	// record is deleted with the next commit, not one commit each (an rm -rf of a
+	// cached tree). A record whose data file is gone names nothing, and until the
+	// commit they count as absent.
+	gone map[string]bool
 
 	used         atomic.Int64 // bytes of file data held
 	hits, misses atomic.Int64 // bytes read from the cache, and fetched from the server
@@ -246,6 +252,11 @@ func (st *Store) acquire(p string, a backend.Attr) *entry {
 	e := st.entries[p]
 	if e == nil {
 		e = &entry{st: st, path: p}
+		if st.gone[p] && st.commitGoneLocked() != nil {
+			// The old record still stands: after a crash it would name this file's
+			// data. Leave this one uncached.
+			e.detached = true
+		}
 		if r, ok := st.load(p); ok {
 			e.rec, e.persisted, e.valid = r, true, true
 		}
@@ -276,7 +287,7 @@ func (st *Store) acquireOffline(p string) *entry {
 	e := st.entries[p]
 	if e == nil {
 		r, ok := st.load(p)
-		if !ok {
+		if !ok || st.gone[p] {
 			return nil
 		}
 		e = &entry{st: st, path: p, rec: r, persisted: true, valid: true}
@@ -487,6 +498,7 @@ func (e *entry) release() {
 // its users go to the server from now on, and a new open of p starts afresh.
 func (st *Store) drop(p string) {
 	st.mu.Lock()
+	defer st.mu.Unlock()
 	if e := st.entries[p]; e != nil {
 		e.mu.Lock()
 		e.resetLocked()
@@ -498,22 +510,53 @@ func (st *Store) drop(p string) {
 		e.mu.Unlock()
 		delete(st.entries, p)
 	}
-	st.mu.Unlock()
+	if st.gone[p] {
+		return
+	}
 	if _, ok := st.load(p); !ok {
 		return
 	}
-	var r record
-	err := st.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketFiles)
-		if v := b.Get([]byte(p)); v != nil {
-			json.Unmarshal(v, &r) //nolint:errcheck // the record goes either way
-		}
-		return b.Delete([]byte(p))
-	})
-	if err == nil {
-		os.Remove(st.dataPath(p))
-		st.used.Add(-r.Spans.bytes())
+	os.Remove(st.dataPath(p))
+	st.gone[p] = true
+}
+
+// commitGoneLocked deletes the records of the gone paths now. The caller holds st.mu.
+func (st *Store) commitGoneLocked() error {
+	freed, err := st.deleteRecords(st.gone)
+	if err != nil {
+		return err
 	}
+	st.used.Add(-freed)
+	st.gone = map[string]bool{}
+	return nil
+}
+
+// deleteRecords deletes the records of paths in one commit and returns the bytes of
+// data they named.
+func (st *Store) deleteRecords(paths map[string]bool) (freed int64, err error) {
+	if len(paths) == 0 {
+		return 0, nil
+	}
+	err = st.db.Update(func(tx *bolt.Tx) error {
+		freed = 0
+		return deleteIn(tx.Bucket(bucketFiles), paths, &freed)
+	})
+	return freed, err
+}
+
+func deleteIn(b *bolt.Bucket, paths map[string]bool, freed *int64) error {
+	for p := range paths {
+		if v := b.Get([]byte(p)); v != nil {
+			var r record
+			if json.Unmarshal(v, &r) == nil {
+				*freed += r.Spans.bytes()
+			}
+			if err := b.Delete([]byte(p)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // full reports whether the cache must not grow now.
@@ -557,10 +600,10 @@ func (st *Store) flush() {
 		}
 		e.mu.Unlock()
 	}
-	dirs, attrs := st.dirSaves, st.attrSaves
+	dirs, attrs, gone := st.dirSaves, st.attrSaves, maps.Clone(st.gone)
 	st.dirSaves, st.attrSaves = map[string][]byte{}, map[string][]byte{}
 	st.mu.Unlock()
-	if len(todo) == 0 && len(dirs) == 0 && len(attrs) == 0 {
+	if len(todo) == 0 && len(dirs) == 0 && len(attrs) == 0 && len(gone) == 0 {
 		return
 	}
 	// Records are committed only for data known to be on disk: a failed sync leaves
@@ -585,8 +628,14 @@ func (st *Store) flush() {
 		}
 	}
 	var committed []pending
+	var freed int64
 	err := st.db.Update(func(tx *bolt.Tx) error {
 		fb := tx.Bucket(bucketFiles)
+		// Deletions first: a path dropped and cached anew has both.
+		freed = 0
+		if err := deleteIn(fb, gone, &freed); err != nil {
+			return err
+		}
 		for _, t := range todo {
 			t.e.mu.Lock()
 			ok := t.e.gen == t.gen && t.e.valid && !unsynced[t.f]
@@ -620,8 +669,14 @@ func (st *Store) flush() {
 		st.c.log.Warn("cache: could not commit records", "source", st.name, "err", err)
 		return
 	}
+	st.used.Add(-freed)
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	// Paths stay gone until their deletion is committed; one dropped again since
+	// (a new record of it committed in between) has nothing more to delete either.
+	for p := range gone {
+		delete(st.gone, p)
+	}
 	for _, t := range committed {
 		e := t.e
 		e.mu.Lock()
@@ -697,7 +752,7 @@ func (c *Cache) evict(stores []*Store) {
 func (st *Store) evictOne(p string) bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if _, busy := st.entries[p]; busy {
+	if _, busy := st.entries[p]; busy || st.gone[p] {
 		return false
 	}
 	if _, ok := st.load(p); !ok {

@@ -299,3 +299,46 @@ func TestRenameOverCachedFile(t *testing.T) {
 		t.Errorf("after the old handle closed: %q", got)
 	}
 }
+
+// An unlink removes the cached data at once and deletes the record with the next
+// commit (not one commit per file): until then the record counts as absent, so a new
+// file at the path, even of the same size and mtime (an untar over a removed tree),
+// is never served the old bytes.
+func TestDroppedRecordCommittedLater(t *testing.T) {
+	dir := t.TempDir()
+	c, s, _, remote := setup(t, dir, Options{})
+	mtime := time.Unix(1e9, 0)
+	put := func(content string) {
+		os.WriteFile(filepath.Join(remote, "a"), []byte(content), 0o644) //nolint:errcheck
+		os.Chtimes(filepath.Join(remote, "a"), mtime, mtime)             //nolint:errcheck
+	}
+	put("old content")
+	readAll(t, s, "a")
+	c.Close() // commits the record
+	c, s, cb, _ := setupOn(t, dir, remote, Options{})
+	defer c.Close()
+	if err := s.Unlink(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.st.dataPath("a")); !os.IsNotExist(err) {
+		t.Errorf("cached data still there after the unlink: %v", err)
+	}
+	if _, ok := s.st.load("a"); !ok {
+		t.Error("the record was deleted at once: one commit per unlink")
+	}
+	put("new content")
+	before := cb.read.Load()
+	if got := string(readAll(t, s, "a")); got != "new content" {
+		t.Errorf("a new file at an unlinked path reads %q", got)
+	}
+	if cb.read.Load() == before {
+		t.Error("the new file was not read from the server")
+	}
+	s.st.flush()
+	s.st.mu.Lock()
+	gone := len(s.st.gone)
+	s.st.mu.Unlock()
+	if gone != 0 {
+		t.Errorf("%d deletions still pending after a commit", gone)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -221,6 +222,12 @@ type fileHandle struct {
 	// taken again: a new mtime at every write would tell the kernel the file changed.
 	mu   sync.Mutex
 	attr backend.Attr
+
+	// use is held (read) by operations of the node that borrow this handle (a
+	// setattr); released is set under it when the kernel releases the handle, after
+	// which nobody may borrow it.
+	use      sync.RWMutex
+	released bool
 }
 
 // localAttr is the file's attributes including this handle's writes so far.
@@ -240,10 +247,24 @@ func (h *fileHandle) wrote(off int64, n int, appending bool) {
 	}
 }
 
-func (h *fileHandle) resized(size int64) {
+// applied records a change of attributes made while the handle is open, so that the
+// stats answered from it (Getattr while writing) show it. Times are whole seconds, as
+// the server keeps them (SFTP v3).
+func (h *fileHandle) applied(set backend.SetAttr) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.attr.Size = size
+	if set.Valid&backend.SetSize != 0 {
+		h.attr.Size = set.Size
+	}
+	if set.Valid&backend.SetMode != 0 {
+		h.attr.Mode = h.attr.Mode&syscall.S_IFMT | set.Mode&0o7777
+	}
+	if set.Valid&backend.SetOwner != 0 {
+		h.attr.UID, h.attr.GID = set.UID, set.GID
+	}
+	if set.Valid&backend.SetTimes != 0 {
+		h.attr.Atime, h.attr.Mtime = time.Unix(set.Atime.Unix(), 0), time.Unix(set.Mtime.Unix(), 0)
+	}
 }
 
 var _ = (fs.FileReader)((*fileHandle)(nil))
@@ -302,6 +323,9 @@ var _ = (fs.FileReleaser)((*fileHandle)(nil))
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	ctx = uninterruptible(ctx)
 	defer h.n.closedMode(h.mode)
+	h.use.Lock()
+	h.released = true
+	h.use.Unlock()
 	if h.writable {
 		err := h.f.Close(ctx)
 		// The kernel's pages hold what we wrote: record the file's size and mtime

@@ -235,10 +235,14 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	atime, aok := in.GetATime()
 	mtime, mok := in.GetMTime()
 	if (uok != gok) || (aok != mok) {
-		// SFTP sets uid with gid and atime with mtime: fill the omitted one in.
-		cur, err := l.Branches[branch].Backend.Lstat(ctx, rel)
-		if err != nil {
-			return n.fsys.toErrno(err)
+		// SFTP sets uid with gid and atime with mtime: fill the omitted one in, from
+		// the writers' view of the file if it is being written (no request).
+		cur, ok := n.writersAttr()
+		if !ok {
+			var err error
+			if cur, err = l.Branches[branch].Backend.Lstat(ctx, rel); err != nil {
+				return n.fsys.toErrno(err)
+			}
 		}
 		if !uok {
 			uid = cur.UID
@@ -261,32 +265,61 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		set.Valid |= backend.SetTimes
 		set.Atime, set.Mtime = atime, mtime
 	}
-	if errno := n.flushWriters(ctx); errno != 0 {
-		return errno
+	if set.Valid == 0 {
+		if errno := n.flushWriters(ctx); errno != 0 {
+			return errno
+		}
+		return n.Getattr(ctx, fh, out)
 	}
-	if set.Valid != 0 {
-		var err error
-		if h := asFileHandle(fh); h != nil && set.Valid == backend.SetSize {
-			err = h.f.SetAttr(ctx, set) // ftruncate: works on an unlinked open file
-		} else {
-			for _, i := range targets {
-				if err = l.Branches[i].Backend.SetAttr(ctx, rel, set); err != nil {
-					break
+	var err error
+	if h := n.setattrHandle(fh); h != nil {
+		// Through an open handle: it cannot be a symlink, it works on an unlinked
+		// file (ftruncate), and the change is queued behind the handle's own writes
+		// instead of waiting for them first.
+		defer h.use.RUnlock()
+		for _, o := range n.writerHandles() {
+			if o != h {
+				if err = o.f.Flush(ctx); err != nil {
+					return n.fsys.toErrno(err)
 				}
 			}
 		}
-		if err != nil {
-			return n.fsys.toErrno(err)
+		err = h.f.SetAttr(ctx, set)
+	} else {
+		if errno := n.flushWriters(ctx); errno != 0 {
+			return errno
 		}
-		if set.Valid&backend.SetSize != 0 {
-			n.mu.Lock()
-			for h := range n.writers {
-				h.resized(set.Size)
+		for _, i := range targets {
+			if err = l.Branches[i].Backend.SetAttr(ctx, rel, set); err != nil {
+				break
 			}
-			n.mu.Unlock()
 		}
 	}
+	if err != nil {
+		return n.fsys.toErrno(err)
+	}
+	for _, h := range n.writerHandles() {
+		h.applied(set)
+	}
 	return n.Getattr(ctx, fh, out)
+}
+
+// setattrHandle picks the open handle a setattr goes through, held against its
+// release (h.use): the caller's if it may write (ftruncate), else a handle open for
+// writing on the node, else none (the change goes by path).
+func (n *node) setattrHandle(fh fs.FileHandle) *fileHandle {
+	hs := n.writerHandles()
+	if h := asFileHandle(fh); h != nil && h.writable {
+		hs = append([]*fileHandle{h}, hs...)
+	}
+	for _, h := range hs {
+		h.use.RLock()
+		if !h.released {
+			return h
+		}
+		h.use.RUnlock()
+	}
+	return nil
 }
 
 var _ = (fs.NodeReadlinker)((*node)(nil))

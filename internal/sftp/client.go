@@ -650,8 +650,11 @@ func (pr *PendingRead) Wait(ctx context.Context, p []byte) (int, error) {
 	return copy(p, data), nil
 }
 
-// PendingWrite is a WRITE request in flight.
-type PendingWrite struct{ k *call }
+// PendingWrite is a WRITE (or FSETSTAT) request in flight.
+type PendingWrite struct {
+	k  *call
+	op string
+}
 
 // StartWrite sends a WRITE of p (at most MaxWrite bytes) at off without waiting.
 func (c *Client) StartWrite(handle string, p []byte, off int64) (*PendingWrite, error) {
@@ -671,7 +674,19 @@ func (c *Client) StartWrite(handle string, p []byte, off int64) (*PendingWrite, 
 		return nil, err
 	}
 	c.bytesOut.Add(int64(len(p)))
-	return &PendingWrite{k: k}, nil
+	return &PendingWrite{k: k, op: "write"}, nil
+}
+
+// StartFsetstat sends an FSETSTAT without waiting: queued behind a handle's writes, it
+// applies after them (requests on one file are processed in order, filexfer-02 6.1).
+func (c *Client) StartFsetstat(handle string, a Attrs) (*PendingWrite, error) {
+	b, id := c.pathRequest(fxpFsetstat, handle)
+	b.attrs(&a)
+	k, err := c.start(b, id)
+	if err != nil {
+		return nil, err
+	}
+	return &PendingWrite{k: k, op: "fsetstat"}, nil
 }
 
 // Wait returns the server's verdict on the write.
@@ -680,7 +695,7 @@ func (pw *PendingWrite) Wait(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return status(r, "write", "")
+	return status(r, pw.op, "")
 }
 
 // Opendir opens a directory for reading.

@@ -1,0 +1,211 @@
+package diskcache
+
+import (
+	"context"
+	"os"
+	"path"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/muxfs/muxfs/internal/backend"
+)
+
+// Content prefetch. A walk that reads whole files (grep -r, a build reading its
+// sources) opens one file after another, and each open and first read is a round trip
+// to the server: over a slow link that is most of its time. Once muxfs sees whole
+// small files read, it fetches the other small files of every directory the walk
+// lists, several at once, into the cache; the walk's open then finds its file cached,
+// and costs the one request of its close-to-open check (Source.openCached).
+const (
+	// prefetchMaxSize: larger files are left to the read path's own read-ahead.
+	prefetchMaxSize = 256 << 10
+	// prefetchParallel bounds the files fetched at a time, per source.
+	prefetchParallel = 16
+	// prefetchPerDir bounds the files one directory schedules.
+	prefetchPerDir = 1024
+	// walkLinger: a walk counts as reading contents this long after its last whole
+	// read of a small file.
+	walkLinger = 2 * time.Second
+
+)
+
+type prefetcher struct {
+	slots chan struct{}
+
+	mu        sync.Mutex
+	walkUntil time.Time
+	dirs      map[string]time.Time // directories scheduled, when
+	busy      map[string]bool      // files being fetched
+}
+
+func newPrefetcher() *prefetcher {
+	return &prefetcher{slots: make(chan struct{}, prefetchParallel), dirs: map[string]time.Time{},
+		busy: map[string]bool{}}
+}
+
+// wholeRead notes that a small file was read from start to end: a content walk.
+func (s *Source) wholeRead(p string) {
+	pf := s.pf
+	pf.mu.Lock()
+	pf.walkUntil = time.Now().Add(walkLinger)
+	pf.mu.Unlock()
+	dir, _ := path.Split(p)
+	dir = trimSlash(dir)
+	if list, _, ok := s.st.LoadListing(dir); ok {
+		s.prefetchDir(dir, list)
+	}
+}
+
+func trimSlash(d string) string {
+	if len(d) > 0 && d[len(d)-1] == '/' {
+		return d[:len(d)-1]
+	}
+	return d
+}
+
+// listed is told of every listing fetched or handed out: during a content walk, the
+// small files in it are fetched ahead.
+func (s *Source) listed(dir string, list []backend.Entry) {
+	pf := s.pf
+	pf.mu.Lock()
+	walking := time.Now().Before(pf.walkUntil)
+	pf.mu.Unlock()
+	if walking {
+		s.prefetchDir(dir, list)
+	}
+}
+
+// prefetchDir schedules the small regular files of dir.
+func (s *Source) prefetchDir(dir string, list []backend.Entry) {
+	pf := s.pf
+	now := time.Now()
+	pf.mu.Lock()
+	if t, done := pf.dirs[dir]; done && now.Sub(t) < walkLinger {
+		pf.mu.Unlock()
+		return
+	}
+	pf.dirs[dir] = now
+	if len(pf.dirs) > 4096 {
+		for d, t := range pf.dirs {
+			if now.Sub(t) >= walkLinger {
+				delete(pf.dirs, d)
+			}
+		}
+	}
+	pf.mu.Unlock()
+	if s.Offline() {
+		return
+	}
+	queued := 0
+	for _, e := range list {
+		if e.Attr.Type() != syscall.S_IFREG || e.Attr.Size == 0 || e.Attr.Size > prefetchMaxSize {
+			continue
+		}
+		if queued++; queued > prefetchPerDir {
+			return
+		}
+		p := e.Name
+		if dir != "" {
+			p = dir + "/" + e.Name
+		}
+		pf.mu.Lock()
+		if pf.busy[p] {
+			pf.mu.Unlock()
+			continue
+		}
+		pf.busy[p] = true
+		pf.mu.Unlock()
+		go s.prefetchFile(p, e.Attr)
+	}
+}
+
+// prefetchFile makes sure p is cached whole, as the server has it now.
+func (s *Source) prefetchFile(p string, listed backend.Attr) {
+	pf := s.pf
+	defer func() {
+		pf.mu.Lock()
+		delete(pf.busy, p)
+		pf.mu.Unlock()
+	}()
+	pf.slots <- struct{}{}
+	defer func() { <-pf.slots }()
+	if s.st.holdsWhole(p, listed) {
+		return // as the listing, just fetched, says the server has it
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	bf, err := s.Backend.Open(ctx, p, os.O_RDONLY, 0)
+	if err != nil {
+		return
+	}
+	a := bf.OpenedAttr()
+	f := &file{File: bf, e: s.st.acquire(p, a), s: s, prefetch: true}
+	defer f.Close(ctx) //nolint:errcheck // read-only: nothing to lose
+	buf := make([]byte, a.Size+1)
+	for off := int64(0); off < a.Size; {
+		n, err := f.ReadAt(ctx, buf[off:], off)
+		off += int64(n)
+		if err != nil || n == 0 {
+			break
+		}
+	}
+}
+
+// openCached opens a file the cache holds whole with one request, its close-to-open
+// check (LSTAT: size and mtime as the server has them now), instead of the OPEN and
+// FSTAT of a remote open; the data then comes from the cache alone. ok false: not
+// cached whole, changed, or not plainly readable — open it on the server.
+func (s *Source) openCached(ctx context.Context, p string) (backend.File, bool) {
+	if !s.st.holdsSome(p) {
+		return nil, false
+	}
+	a, err := s.Backend.Lstat(ctx, p)
+	// A file nobody may read is left to the server's own permission check.
+	if err != nil || a.Type() != syscall.S_IFREG || a.Mode&0o444 == 0 {
+		return nil, false
+	}
+	e := s.st.acquire(p, a)
+	if !e.holdsWhole() {
+		e.release()
+		return nil, false
+	}
+	return &cachedFile{e: e, src: s.String(), attr: &a, s: s}, true
+}
+
+// holdsWhole reports whether the cache holds all of the file with attributes a.
+func (st *Store) holdsWhole(p string, a backend.Attr) bool {
+	st.mu.Lock()
+	e := st.entries[p]
+	st.mu.Unlock()
+	if e != nil {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.valid && e.rec.Size == a.Size && e.rec.Mtime == a.Mtime.UnixNano() && e.rec.Spans.covers(0, a.Size)
+	}
+	st.mu.Lock()
+	gone := st.gone[p]
+	st.mu.Unlock()
+	r, ok := st.load(p)
+	return ok && !gone && r.Size == a.Size && r.Mtime == a.Mtime.UnixNano() && r.Spans.covers(0, a.Size)
+}
+
+// holdsSome reports, without asking anyone, whether the cache holds a whole version
+// of p (maybe not the server's current one).
+func (st *Store) holdsSome(p string) bool {
+	st.mu.Lock()
+	e := st.entries[p]
+	gone := st.gone[p]
+	st.mu.Unlock()
+	if e != nil {
+		return e.holdsWhole()
+	}
+	r, ok := st.load(p)
+	return ok && !gone && r.Spans.covers(0, r.Size)
+}
+
+func (e *entry) holdsWhole() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.valid && !e.detached && e.rec.Spans.covers(0, e.rec.Size)
+}
