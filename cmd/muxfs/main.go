@@ -39,6 +39,7 @@ Mount options (-o name[=value],...; sshfs names where the meaning is the same):
   dir_cache=yes|no       list subdirectories ahead of a walk (default yes)
   cache_dir=DIR          persistent cache directory (same as --cache-dir)
   cache_max_size=SIZE    file data kept on disk (default 10G; 0: no limit)
+  fetch_whole=SIZE       fetch files read at random whole (default 256M; 0: off)
   cache_min_free=SIZE    free space left on the cache's file system (default 1G)
   offline=auto|off       serve the cache read-only while a server is unreachable
                          (default auto)

@@ -379,7 +379,7 @@ func (m *mounted) openDiskCache(cfg *config.Config, log *slog.Logger) error {
 			log.Warn("no cache directory; going without the persistent cache", "err", err)
 			return nil
 		}
-		dc, err := diskcache.Open(def, diskcache.Options{MaxSize: o.CacheMaxSize, MinFree: o.CacheMinFree}, log)
+		dc, err := diskcache.Open(def, diskcache.Options{MaxSize: o.CacheMaxSize, MinFree: o.CacheMinFree, FetchWhole: o.FetchWhole}, log)
 		if err != nil {
 			log.Warn("going without the persistent cache", "err", err)
 			return nil
@@ -387,7 +387,7 @@ func (m *mounted) openDiskCache(cfg *config.Config, log *slog.Logger) error {
 		m.disk = dc
 		return nil
 	}
-	dc, err := diskcache.Open(dir, diskcache.Options{MaxSize: o.CacheMaxSize, MinFree: o.CacheMinFree}, log)
+	dc, err := diskcache.Open(dir, diskcache.Options{MaxSize: o.CacheMaxSize, MinFree: o.CacheMinFree, FetchWhole: o.FetchWhole}, log)
 	if err != nil {
 		return fmt.Errorf("%v — give a directory you can write with --cache-dir, or -o cache=off", err)
 	}

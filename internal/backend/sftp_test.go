@@ -197,3 +197,65 @@ func TestFallbacksWithoutExtensions(t *testing.T) {
 }
 
 func exists(p string) bool { _, err := os.Lstat(p); return err == nil }
+
+// TestQueuedSetAttr: on a file this open created, mode and times (and an unchanged
+// owner) go out behind the caller, queued after the writes, and are all in place once
+// Close returns; a change that may be refused is waited for and its error returned.
+func TestQueuedSetAttr(t *testing.T) {
+	s, dir := newTestSFTP(t)
+	ctx := context.Background()
+	f, err := s.Open(ctx, "new", os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sf := f.(*sftpFile)
+	if sf.check != nil {
+		t.Error("an exclusive create waits for an identity check")
+	}
+	if _, err := f.WriteAt(ctx, []byte("hello"), 0); err != nil {
+		t.Fatal(err)
+	}
+	mtime := time.Unix(1e9, 0)
+	own := f.OpenedAttr()
+	for _, set := range []SetAttr{
+		{Valid: SetTimes, Atime: mtime, Mtime: mtime},
+		{Valid: SetOwner, UID: own.UID, GID: own.GID},
+		{Valid: SetMode, Mode: 0o640},
+	} {
+		if !sf.cannotRefuse(set) {
+			t.Errorf("%+v is waited for on a file this open created", set)
+		}
+		if err := f.SetAttr(ctx, set); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sf.cannotRefuse(SetAttr{Valid: SetOwner, UID: own.UID + 1, GID: own.GID}) {
+		t.Error("a change of owner is not waited for")
+	}
+	if err := f.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(dir + "/new")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o640 || !st.ModTime().Equal(mtime) || st.Size() != 5 {
+		t.Errorf("after close: mode %v mtime %v size %d", st.Mode().Perm(), st.ModTime(), st.Size())
+	}
+
+	// An existing file: nothing is taken for granted.
+	g, err := s.Open(ctx, "new", os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close(ctx) //nolint:errcheck
+	if g.(*sftpFile).cannotRefuse(SetAttr{Valid: SetMode, Mode: 0o600}) {
+		t.Error("a change on a file this open did not create is not waited for")
+	}
+	if err := g.SetAttr(ctx, SetAttr{Valid: SetSize, Size: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.Stat(dir + "/new"); st.Size() != 2 {
+		t.Errorf("a waited-for truncate returned before it was done: size %d", st.Size())
+	}
+}

@@ -165,6 +165,34 @@ func TestPrefetch(t *testing.T) {
 	}
 }
 
+// TestPrefetchDeeperWhenFollowed: listing a directory lists one level below it; once
+// the walk asks for a listing fetched ahead, the prefetch goes maxDepth levels below
+// the walk, and no further.
+func TestPrefetchDeeperWhenFollowed(t *testing.T) {
+	s, c, dir := newSource(t, time.Minute, NewPrefetcher(4))
+	ctx := context.Background()
+	os.MkdirAll(dir+"/a/b/c/d/e/f", 0o755) //nolint:errcheck
+	settle := func() int64 {
+		for last := int64(-1); ; {
+			time.Sleep(100 * time.Millisecond)
+			n := c.readdirs.Load()
+			if n == last {
+				return n
+			}
+			last = n
+		}
+	}
+	s.ReadDir(ctx, "") //nolint:errcheck
+	if n := settle(); n != 2 {
+		t.Fatalf("a listing nobody follows: %d listings, want 2 (the root and a)", n)
+	}
+	s.ReadDir(ctx, "a") //nolint:errcheck // fetched ahead: the walk follows
+	// Three levels below a: a/b, a/b/c and a/b/c/d; not a/b/c/d/e.
+	if n := settle(); n != 5 {
+		t.Errorf("a followed walk: %d listings, want 5 (down to a/b/c/d)", n)
+	}
+}
+
 // memPersist is an in-memory Persister.
 type memPersist struct {
 	mu    sync.Mutex
@@ -245,5 +273,40 @@ func TestStoredListings(t *testing.T) {
 	s2.SetPersist(store, func() bool { return false })
 	if list, err := s2.ReadDir(ctx, ""); err != nil || len(list) != 1 || c2.readdirs.Load() != 0 {
 		t.Errorf("remounted: %v %v, %d requests", list, err, c2.readdirs.Load())
+	}
+}
+
+// TestCreatedKeepsListings: a directory made through muxfs is known empty, a file
+// created in it joins its listing, and a file being written is asked for again while
+// the other names are still answered: an untar looks up its next names for free.
+func TestCreatedKeepsListings(t *testing.T) {
+	m := NewMeta(time.Minute)
+	now := time.Now()
+	m.MadeDir(0, "d", now)
+	if _, found, ok := m.lookup(0, "d/a", now); !ok || found {
+		t.Fatalf("a name in a directory just made: found %v, known %v; want a known miss", found, ok)
+	}
+	m.Created(0, "d/a", backend.Attr{Mode: 0o100600, Size: 0})
+	if a, found, ok := m.lookup(0, "d/a", now); !ok || !found || a.Mode != 0o100600 {
+		t.Fatalf("a file just created: %v %v %v", a, found, ok)
+	}
+	before, _ := m.listing(0, "d", now)
+	m.Created(0, "d/b", backend.Attr{Mode: 0o100644})
+	if len(before) != 1 {
+		t.Errorf("a listing handed out changed under its holder: %d entries", len(before))
+	}
+	m.Dirtied(0, "d/a")
+	if _, _, ok := m.lookup(0, "d/a", now); ok {
+		t.Error("a file being written is still answered from the listing")
+	}
+	if _, found, ok := m.lookup(0, "d/c", now); !ok || found {
+		t.Error("the other names of the directory are no longer answered")
+	}
+	if _, ok := m.listing(0, "d", now); ok {
+		t.Error("a listing with a file being written is handed out whole")
+	}
+	m.Created(0, "d/a", backend.Attr{Mode: 0o100600, Size: 5})
+	if a, found, ok := m.lookup(0, "d/a", now); !ok || !found || a.Size != 5 {
+		t.Errorf("reopened for writing: %v %v %v", a, found, ok)
 	}
 }

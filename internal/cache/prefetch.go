@@ -11,23 +11,46 @@ import (
 // Prefetcher lists directories ahead of a walk. The kernel walks a tree one directory
 // at a time, so a cold `find` or `ls -R` pays a round trip after another; when a
 // directory is listed, its subdirectories are listed too, several at once, so that the
-// walk finds them in the cache. Only one level is fetched per listing the walk itself
-// asks for: a large tree is never crawled unasked.
+// walk finds them in the cache. One level is fetched per listing the walk itself asks
+// for; only while the walk is seen following the listings fetched ahead (it asks for
+// one of them) does the prefetch go further down, up to maxDepth levels below what the
+// walk has reached: a large tree is never crawled unasked.
 type Prefetcher struct {
 	slots chan struct{}
 	mu    sync.Mutex
 	busy  map[key]bool
+	ahead map[key]bool // listings fetched ahead that no walk has asked for yet
+	deep  time.Time    // until when a walk is known to follow the prefetch
 }
 
 // NewPrefetcher allows parallel listings at a time (per mount).
 func NewPrefetcher(parallel int) *Prefetcher {
-	return &Prefetcher{slots: make(chan struct{}, parallel), busy: map[key]bool{}}
+	return &Prefetcher{slots: make(chan struct{}, parallel), busy: map[key]bool{}, ahead: map[key]bool{}}
 }
 
-// maxQueued bounds how many subdirectories one listing schedules.
-const maxQueued = 256
+const (
+	// maxQueued bounds how many subdirectories one listing schedules.
+	maxQueued = 256
+	// maxDepth: how many levels below the walk the prefetch may go while followed.
+	maxDepth = 3
+	// followed: how long a walk counts as following after it last used a listing
+	// fetched ahead.
+	followed = 2 * time.Second
+)
 
+// children is told of a listing the walk asked for.
 func (pf *Prefetcher) children(s *Source, dir string, list []backend.Entry) {
+	k := key{s.id, dir}
+	pf.mu.Lock()
+	if pf.ahead[k] {
+		delete(pf.ahead, k)
+		pf.deep = time.Now().Add(followed)
+	}
+	pf.mu.Unlock()
+	pf.schedule(s, dir, list, 1)
+}
+
+func (pf *Prefetcher) schedule(s *Source, dir string, list []backend.Entry, depth int) {
 	queued := 0
 	for _, e := range list {
 		if !e.Attr.IsDir() || e.Name == "." || e.Name == ".." {
@@ -51,20 +74,35 @@ func (pf *Prefetcher) children(s *Source, dir string, list []backend.Entry) {
 		}
 		pf.busy[k] = true
 		pf.mu.Unlock()
-		go func() {
-			defer func() {
-				pf.mu.Lock()
-				delete(pf.busy, k)
-				pf.mu.Unlock()
-			}()
-			pf.slots <- struct{}{}
-			defer func() { <-pf.slots }()
-			if _, ok := s.meta.listing(s.id, p, time.Now()); ok {
-				return
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			s.fetchListing(ctx, p) //nolint:errcheck // a failed prefetch leaves the walk to ask itself
-		}()
+		go pf.fetch(s, k, depth)
+	}
+}
+
+func (pf *Prefetcher) fetch(s *Source, k key, depth int) {
+	defer func() {
+		pf.mu.Lock()
+		delete(pf.busy, k)
+		pf.mu.Unlock()
+	}()
+	pf.slots <- struct{}{}
+	defer func() { <-pf.slots }()
+	if _, ok := s.meta.listing(s.id, k.path, time.Now()); ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	list, err := s.fetchListing(ctx, k.path)
+	if err != nil {
+		return // a failed prefetch leaves the walk to ask itself
+	}
+	pf.mu.Lock()
+	if len(pf.ahead) > 65536 {
+		pf.ahead = map[key]bool{} // walks that went elsewhere: forget them
+	}
+	pf.ahead[k] = true
+	deeper := depth < maxDepth && time.Now().Before(pf.deep)
+	pf.mu.Unlock()
+	if deeper {
+		pf.schedule(s, k.path, list, depth+1)
 	}
 }

@@ -74,7 +74,10 @@ type Options struct {
 	CacheDir     string
 	CacheMaxSize int64
 	CacheMinFree int64
-	Offline      bool
+	// FetchWhole: files read at random up to this size are fetched whole into the
+	// persistent cache in the background (0: never).
+	FetchWhole int64
+	Offline    bool
 
 	// Kernel cache timeouts; negative means "the same as CacheTimeout" (or, with the
 	// caches off, libfuse's defaults of 1 s, 1 s and 0 s).
@@ -117,6 +120,7 @@ func Defaults() Options {
 		Cache:           true,
 		DiskCache:       DiskFull,
 		CacheMaxSize:    10 << 30,
+		FetchWhole:      256 << 20,
 		CacheMinFree:    1 << 30,
 		Offline:         true,
 		CacheTimeout:    20 * time.Second, // sshfs' default
@@ -305,7 +309,7 @@ func (c *Config) applyOption(key, val string, hasVal bool) error {
 			return err
 		}
 		o.CacheDir = expandHome(val)
-	case "cache_max_size", "cache_min_free":
+	case "cache_max_size", "cache_min_free", "fetch_whole":
 		if err := needVal(); err != nil {
 			return err
 		}
@@ -313,10 +317,13 @@ func (c *Config) applyOption(key, val string, hasVal bool) error {
 		if err != nil {
 			return fmt.Errorf("option -o %s=%s: %v", key, val, err)
 		}
-		if key == "cache_max_size" {
+		switch key {
+		case "cache_max_size":
 			o.CacheMaxSize = n
-		} else {
+		case "cache_min_free":
 			o.CacheMinFree = n
+		default:
+			o.FetchWhole = n
 		}
 	case "offline":
 		switch val {

@@ -218,11 +218,11 @@ func TestCacheOptions(t *testing.T) {
 	if c.Options.DiskCache != DiskFull || !c.Options.Offline || c.Options.CacheMaxSize != 10<<30 {
 		t.Errorf("defaults: %+v", c.Options)
 	}
-	if err := c.ApplyOptions("cache=meta,cache_max_size=512M,cache_min_free=2g,offline=off,cache_dir=/x"); err != nil {
+	if err := c.ApplyOptions("cache=meta,cache_max_size=512M,cache_min_free=2g,offline=off,cache_dir=/x,fetch_whole=64M"); err != nil {
 		t.Fatal(err)
 	}
 	o := c.Options
-	if o.DiskCache != DiskMeta || o.CacheMaxSize != 512<<20 || o.CacheMinFree != 2<<30 || o.Offline || o.CacheDir != "/x" {
+	if o.DiskCache != DiskMeta || o.CacheMaxSize != 512<<20 || o.CacheMinFree != 2<<30 || o.Offline || o.CacheDir != "/x" || o.FetchWhole != 64<<20 {
 		t.Errorf("got %+v", o)
 	}
 	if err := c.ApplyOptions("cache=no"); err != nil || c.Options.Cache || c.Options.DiskCache != DiskOff {

@@ -27,7 +27,6 @@ const (
 	// walkLinger: a walk counts as reading contents this long after its last whole
 	// read of a small file.
 	walkLinger = 2 * time.Second
-
 )
 
 type prefetcher struct {
@@ -208,4 +207,74 @@ func (e *entry) holdsWhole() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.valid && !e.detached && e.rec.Spans.covers(0, e.rec.Size)
+}
+
+// fetchWhole fetches, in the background, the rest of a file that is being read at
+// random (a database, an index, fio): once it is all in the cache, every read is a
+// local one. Only files up to Options.FetchWhole (and a quarter of the cache) are
+// fetched, once per version, through a handle of their own, so the reader's requests
+// are not queued behind the fetch on the same handle.
+func (s *Source) fetchWhole(e *entry, a backend.Attr) {
+	o := s.st.c.opts
+	if o.FetchWhole <= 0 || a.Size > o.FetchWhole || (o.MaxSize > 0 && a.Size > o.MaxSize/4) {
+		return
+	}
+	e.mu.Lock()
+	if e.fetching || !e.valid || e.detached {
+		e.mu.Unlock()
+		return
+	}
+	e.fetching = true
+	gen := e.gen
+	e.mu.Unlock()
+	// A reference of its own: the fetch may outlive the reader.
+	if own := s.st.acquire(e.path, a); own != e {
+		own.release() // the path's entry changed meanwhile
+		return
+	}
+	go func() {
+		defer e.release()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+		defer cancel()
+		bf, err := s.Backend.Open(ctx, e.path, os.O_RDONLY, 0)
+		if err != nil {
+			return
+		}
+		defer bf.Close(ctx) //nolint:errcheck // read-only: nothing to lose
+		if b := bf.OpenedAttr(); b.Size != a.Size || !b.Mtime.Equal(a.Mtime) {
+			return // changed since: the reader's next open starts afresh
+		}
+		const chunk = 1 << 20
+		buf := make([]byte, chunk)
+		for off := int64(0); off < a.Size; off += chunk {
+			end := min(off+chunk, a.Size)
+			if !e.current(gen) {
+				return
+			}
+			if e.covers(off, end) {
+				continue
+			}
+			n, err := bf.ReadAt(ctx, buf[:end-off], off)
+			if n > 0 {
+				e.fill(buf[:n], off)
+			}
+			if err != nil || n < int(end-off) {
+				return
+			}
+		}
+		s.log.Debug("cache: fetched a file read at random whole", "source", s.String(), "path", e.path, "bytes", a.Size)
+	}()
+}
+
+// current reports whether the entry still caches the version of generation gen.
+func (e *entry) current(gen uint64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.valid && !e.detached && e.gen == gen && !e.st.full()
+}
+
+func (e *entry) covers(off, end int64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.rec.Spans.covers(off, end)
 }

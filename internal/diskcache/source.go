@@ -194,24 +194,42 @@ func (f *file) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	n, err := f.File.ReadAt(ctx, p, off)
 	if n > 0 {
 		f.e.fill(p[:n], off)
-		f.reads.read(off, n)
+		if f.reads.read(off, n) && !f.writing && !f.prefetch {
+			f.s.fetchWhole(f.e, f.File.OpenedAttr())
+		}
 	}
 	return n, err
 }
 
 // readTracker tells whether a file was read from its start to its end in order, as a
-// walk reading contents does.
+// walk reading contents does, or at random.
 type readTracker struct {
-	mu   sync.Mutex
-	next int64
+	mu    sync.Mutex
+	next  int64 // how far the file was read from its start without a gap
+	last  int64 // end of the previous read
+	reads int
+	jumps int // reads that did not start where the previous one ended
 }
 
-func (r *readTracker) read(off int64, n int) {
+// randomAfter: this many reads, most of them jumps, make a file read at random. The
+// kernel's read-ahead sends a sequential stream's reads slightly out of order at
+// times; it never makes most of them jumps.
+const randomAfter = 32
+
+// read records a read of n bytes at off, and reports whether the file has just been
+// found to be read at random.
+func (r *readTracker) read(off int64, n int) (random bool) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	if off <= r.next {
 		r.next = max(r.next, off+int64(n))
 	}
-	r.mu.Unlock()
+	r.reads++
+	if off != r.last {
+		r.jumps++
+	}
+	r.last = off + int64(n)
+	return r.jumps == randomAfter && r.jumps*2 > r.reads
 }
 
 func (r *readTracker) whole(size int64) bool {

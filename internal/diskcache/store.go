@@ -38,6 +38,9 @@ import (
 type Options struct {
 	MaxSize int64 // bytes of cached file data kept, over all sources of the mount; 0: no limit
 	MinFree int64 // bytes to leave free on the cache's file system
+	// FetchWhole: a file read at random and no larger than this is fetched whole in
+	// the background (0: never).
+	FetchWhole int64
 }
 
 // Cache is the persistent cache of one mount: a directory per source under Dir.
@@ -219,6 +222,7 @@ type entry struct {
 	gen       uint64 // bumped when a write begins: a sync in flight must not commit
 	persisted bool   // the database has a record for the path
 	detached  bool   // its path now names another file: never cached again
+	fetching  bool   // fetched whole in the background (read at random)
 }
 
 func (st *Store) dataPath(p string) string {

@@ -342,3 +342,51 @@ func TestDroppedRecordCommittedLater(t *testing.T) {
 		t.Errorf("%d deletions still pending after a commit", gone)
 	}
 }
+
+// TestFetchWholeOnRandomReads: a file read at random is fetched whole in the
+// background, after which reads no longer reach the server; a file larger than the
+// limit is not.
+func TestFetchWholeOnRandomReads(t *testing.T) {
+	c, s, cb, remote := setup(t, t.TempDir(), Options{FetchWhole: 8 << 20})
+	defer c.Close()
+	ctx := context.Background()
+	mtime := time.Unix(1e9, 0)
+	for name, size := range map[string]int{"db": 4 << 20, "huge": 9 << 20} {
+		os.WriteFile(filepath.Join(remote, name), data(size, 7), 0o644) //nolint:errcheck
+		os.Chtimes(filepath.Join(remote, name), mtime, mtime)           //nolint:errcheck
+	}
+	randomReads := func(name string, size int) {
+		f, err := s.Open(ctx, name, os.O_RDONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close(ctx) //nolint:errcheck
+		rng := rand.New(rand.NewSource(3))
+		buf := make([]byte, 4096)
+		want := data(size, 7)
+		for i := 0; i < 40; i++ {
+			off := int64(rng.Intn(size/4096)) * 4096
+			if n, err := f.ReadAt(ctx, buf, off); err != nil || !bytes.Equal(buf[:n], want[off:off+int64(n)]) {
+				t.Fatalf("read at %d: %v", off, err)
+			}
+		}
+	}
+	randomReads("db", 4<<20)
+	deadline := time.Now().Add(10 * time.Second)
+	for !s.st.holdsWhole("db", backend.Attr{Size: 4 << 20, Mtime: mtime}) {
+		if time.Now().After(deadline) {
+			t.Fatal("a file read at random was not fetched whole")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	before := cb.read.Load()
+	randomReads("db", 4<<20)
+	if cb.read.Load() != before {
+		t.Errorf("reads after the whole fetch reached the server: %d bytes", cb.read.Load()-before)
+	}
+	randomReads("huge", 9<<20)
+	time.Sleep(300 * time.Millisecond)
+	if s.st.holdsWhole("huge", backend.Attr{Size: 9 << 20, Mtime: mtime}) {
+		t.Error("a file over the limit was fetched whole")
+	}
+}
