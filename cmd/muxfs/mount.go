@@ -311,7 +311,7 @@ func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger) (*m
 	if cfg.Options.Cache {
 		meta = cache.NewMeta(cfg.Options.CacheTimeout)
 		if cfg.Options.DirCache {
-			prefetch = cache.NewPrefetcher(8)
+			prefetch = cache.NewPrefetcher(16)
 		}
 	}
 	if err := m.openDiskCache(cfg, log); err != nil {

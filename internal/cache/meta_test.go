@@ -171,7 +171,7 @@ func TestPrefetch(t *testing.T) {
 func TestPrefetchDeeperWhenFollowed(t *testing.T) {
 	s, c, dir := newSource(t, time.Minute, NewPrefetcher(4))
 	ctx := context.Background()
-	os.MkdirAll(dir+"/a/b/c/d/e/f", 0o755) //nolint:errcheck
+	os.MkdirAll(dir+"/a/1/2/3/4/5/6/7/8/9/10", 0o755) //nolint:errcheck
 	settle := func() int64 {
 		for last := int64(-1); ; {
 			time.Sleep(100 * time.Millisecond)
@@ -187,9 +187,9 @@ func TestPrefetchDeeperWhenFollowed(t *testing.T) {
 		t.Fatalf("a listing nobody follows: %d listings, want 2 (the root and a)", n)
 	}
 	s.ReadDir(ctx, "a") //nolint:errcheck // fetched ahead: the walk follows
-	// Three levels below a: a/b, a/b/c and a/b/c/d; not a/b/c/d/e.
-	if n := settle(); n != 5 {
-		t.Errorf("a followed walk: %d listings, want 5 (down to a/b/c/d)", n)
+	// maxDepth levels below a: down to a/1/…/8, not a/1/…/9.
+	if n := settle(); n != 2+maxDepth {
+		t.Errorf("a followed walk: %d listings, want %d (down to a/1/…/%d)", n, 2+maxDepth, maxDepth)
 	}
 }
 

@@ -31,8 +31,9 @@ func NewPrefetcher(parallel int) *Prefetcher {
 const (
 	// maxQueued bounds how many subdirectories one listing schedules.
 	maxQueued = 256
-	// maxDepth: how many levels below the walk the prefetch may go while followed.
-	maxDepth = 3
+	// maxDepth: how many levels below the walk the prefetch may go while followed
+	// (measured in design.md, "Listing ahead").
+	maxDepth = 8
 	// followed: how long a walk counts as following after it last used a listing
 	// fetched ahead.
 	followed = 2 * time.Second
