@@ -29,6 +29,15 @@ type Attr struct {
 	Nlink uint32 // 0: unknown (SFTP v3 stat carries no link count)
 }
 
+// Child is the path of name in directory dir, both relative to a source's root ("" is
+// the root itself).
+func Child(dir, name string) string {
+	if dir == "" {
+		return name
+	}
+	return dir + "/" + name
+}
+
 // IsDir reports whether the attributes describe a directory.
 func (a Attr) IsDir() bool { return a.Mode&syscall.S_IFMT == syscall.S_IFDIR }
 

@@ -176,15 +176,30 @@ func (m *Meta) trimLocked(now time.Time) {
 // Invalidate drops what is known of p: its attributes, its listing, and its parent's
 // listing (which holds p's attributes and says whether p exists).
 func (m *Meta) Invalidate(source int, p string) {
-	dir, _ := parentOf(p)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.forgetLocked(source, p)
+	if p != "" {
+		m.dropLocked(key{source, parent(p)})
+	}
+}
+
+// forgetLocked drops p's own entries and makes answers to p or its parent fetched
+// meanwhile unstorable; it returns p's name and its parent's cached listing, if any.
+func (m *Meta) forgetLocked(source int, p string) (name string, parentList *dirEntry) {
+	dir, name := parentOf(p)
 	m.gens[slot(source, p)]++
 	m.gens[slot(source, dir)]++
 	m.dropLocked(key{source, p})
-	if p != "" {
-		m.dropLocked(key{source, dir})
+	if p == "" {
+		return name, nil
 	}
+	return name, m.dirs[key{source, dir}]
+}
+
+func parent(p string) string {
+	dir, _ := parentOf(p)
+	return dir
 }
 
 // Created records an entry just made (or opened for writing) through muxfs, with
@@ -192,14 +207,10 @@ func (m *Meta) Invalidate(source int, p string) {
 // in it, so that the next names looked up in a directory being filled (an untar, a
 // build's outputs) are answered without a request.
 func (m *Meta) Created(source int, p string, a backend.Attr) {
-	dir, name := parentOf(p)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.gens[slot(source, p)]++
-	m.gens[slot(source, dir)]++
-	m.dropLocked(key{source, p})
-	d, hit := m.dirs[key{source, dir}]
-	if !hit || p == "" {
+	name, d := m.forgetLocked(source, p)
+	if d == nil {
 		return
 	}
 	// Listings are handed out to callers: a changed one is a copy.
@@ -220,13 +231,9 @@ func (m *Meta) Created(source int, p string, a backend.Attr) {
 // attributes must be asked for again, while its parent's listing still answers for
 // the other names.
 func (m *Meta) Dirtied(source int, p string) {
-	dir, name := parentOf(p)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.gens[slot(source, p)]++
-	m.gens[slot(source, dir)]++
-	m.dropLocked(key{source, p})
-	if d, hit := m.dirs[key{source, dir}]; hit && p != "" {
+	if name, d := m.forgetLocked(source, p); d != nil {
 		if d.dirty == nil {
 			d.dirty = map[string]bool{}
 		}

@@ -60,10 +60,7 @@ func (pf *Prefetcher) schedule(s *Source, dir string, list []backend.Entry, dept
 		if queued++; queued > maxQueued {
 			return
 		}
-		p := e.Name
-		if dir != "" {
-			p = dir + "/" + e.Name
-		}
+		p := backend.Child(dir, e.Name)
 		if _, cached := s.meta.listing(s.id, p, time.Now()); cached {
 			continue
 		}

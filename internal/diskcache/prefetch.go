@@ -104,10 +104,7 @@ func (s *Source) prefetchDir(dir string, list []backend.Entry) {
 		if queued++; queued > prefetchPerDir {
 			return
 		}
-		p := e.Name
-		if dir != "" {
-			p = dir + "/" + e.Name
-		}
+		p := backend.Child(dir, e.Name)
 		pf.mu.Lock()
 		if pf.busy[p] {
 			pf.mu.Unlock()

@@ -147,7 +147,7 @@ func (h *dirHandle) load(ctx context.Context) syscall.Errno {
 			}
 			byName[e.Name] = len(entries)
 			entries = append(entries, dirEntry{name: e.Name, found: f, mode: e.Attr.Type(),
-				ino: n.fsys.inodes.get(h.l.Branches[i].ID, relJoin(h.rel, e.Name))})
+				ino: n.fsys.inodes.get(h.l.Branches[i].ID, backend.Child(h.rel, e.Name))})
 		}
 	}
 	if dropped > 0 {
@@ -209,7 +209,7 @@ func (h *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if !ok || e.junction {
 		return h.n.Lookup(ctx, name, out)
 	}
-	return h.n.child(ctx, name, join(h.vp, name), h.l, relJoin(h.rel, name), e.found, false, out), 0
+	return h.n.child(ctx, name, join(h.vp, name), h.l, backend.Child(h.rel, name), e.found, false, out), 0
 }
 
 // placeNew decides where a new entry name below n goes (the layer's placement policy)
@@ -241,7 +241,7 @@ func (n *node) placeNew(ctx context.Context, name string) (vp string, l *mux.Lay
 		slices.Sort(n.dirs)
 		n.mu.Unlock()
 	}
-	return vp, l, relJoin(prel, name), idx, 0
+	return vp, l, backend.Child(prel, name), idx, 0
 }
 
 // newEntry makes the inode for an entry just created on branch idx.
@@ -349,7 +349,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	case l.Branches[tb].ReadOnly:
 		return nil, syscall.EROFS
 	}
-	rel := relJoin(prel, name)
+	rel := backend.Child(prel, name)
 	b := l.Branches[tb]
 	if err := b.Backend.Link(ctx, trel, rel); err != nil {
 		return nil, n.fsys.toErrno(err)
@@ -441,7 +441,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	if l == nil {
 		return syscall.ENOENT
 	}
-	rel := relJoin(prel, name)
+	rel := backend.Child(prel, name)
 	idx, _, err := holders(ctx, l, rel)
 	if err != nil {
 		return n.fsys.toErrno(err)
@@ -472,7 +472,7 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if l == nil {
 		return syscall.ENOENT
 	}
-	rel := relJoin(prel, name)
+	rel := backend.Child(prel, name)
 	idx, attrs, err := holders(ctx, l, rel)
 	if err != nil {
 		return n.fsys.toErrno(err)

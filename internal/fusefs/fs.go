@@ -143,13 +143,6 @@ func join(dir, name string) string {
 	return dir + "/" + name
 }
 
-func relJoin(dir, name string) string {
-	if dir == "" {
-		return name
-	}
-	return dir + "/" + name
-}
-
 // checkName refuses names no POSIX file system accepts, before anything is sent.
 func checkName(name string) syscall.Errno {
 	if len(name) > 255 {
