@@ -45,22 +45,22 @@ func newPrefetcher() *prefetcher {
 
 // wholeRead notes that a small file was read from start to end: a content walk.
 func (s *Source) wholeRead(p string) {
+	dir := path.Dir(p)
+	if dir == "." {
+		dir = ""
+	}
 	pf := s.pf
+	now := time.Now()
 	pf.mu.Lock()
-	pf.walkUntil = time.Now().Add(walkLinger)
+	pf.walkUntil = now.Add(walkLinger)
+	t, done := pf.dirs[dir]
 	pf.mu.Unlock()
-	dir, _ := path.Split(p)
-	dir = trimSlash(dir)
+	if done && now.Sub(t) < walkLinger {
+		return // scheduled already: no need to read its listing again
+	}
 	if list, _, ok := s.st.LoadListing(dir); ok {
 		s.prefetchDir(dir, list)
 	}
-}
-
-func trimSlash(d string) string {
-	if len(d) > 0 && d[len(d)-1] == '/' {
-		return d[:len(d)-1]
-	}
-	return d
 }
 
 // listed is told of every listing fetched or handed out: during a content walk, the

@@ -187,14 +187,17 @@ type file struct {
 }
 
 func (f *file) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	user := !f.writing && !f.prefetch
 	if n, ok := f.e.readAt(p, off); ok {
-		f.reads.read(off, n)
+		if user {
+			f.s.noteRead(f.e, &f.reads, off, n)
+		}
 		return n, nil
 	}
 	n, err := f.File.ReadAt(ctx, p, off)
 	if n > 0 {
 		f.e.fill(p[:n], off)
-		if f.reads.read(off, n) && !f.writing && !f.prefetch {
+		if user && f.s.noteRead(f.e, &f.reads, off, n) {
 			f.s.fetchWhole(f.e, f.File.OpenedAttr())
 		}
 	}
@@ -216,36 +219,37 @@ type readTracker struct {
 // times; it never makes most of them jumps.
 const randomAfter = 32
 
-// read records a read of n bytes at off, and reports whether the file has just been
-// found to be read at random.
-func (r *readTracker) read(off int64, n int) (random bool) {
+// read records a read of n bytes at off of a file of the given size. It reports
+// whether the file has just been read whole from its start (once), and whether it has
+// just been found to be read at random.
+func (r *readTracker) read(off int64, n int, size int64) (whole, random bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if off <= r.next {
+		before := r.next
 		r.next = max(r.next, off+int64(n))
+		whole = size > 0 && before < size && r.next >= size
 	}
 	r.reads++
 	if off != r.last {
 		r.jumps++
 	}
 	r.last = off + int64(n)
-	return r.jumps == randomAfter && r.jumps*2 > r.reads
+	return whole, r.jumps == randomAfter && r.jumps*2 > r.reads
 }
 
-func (r *readTracker) whole(size int64) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return size > 0 && r.next >= size
-}
-
-// closedRead tells the content prefetch of a small file read whole by a user.
-func (s *Source) closedRead(e *entry, reads *readTracker) {
+// noteRead records a user's read: a small file read whole (at the read that reaches
+// its end, not at its close, which the kernel sends later) is news for the content
+// prefetch. It reports whether the file has just been found to be read at random.
+func (s *Source) noteRead(e *entry, r *readTracker, off int64, n int) (random bool) {
 	e.mu.Lock()
 	size, p := e.rec.Size, e.path
 	e.mu.Unlock()
-	if size <= prefetchMaxSize && reads.whole(size) {
+	whole, random := r.read(off, n, size)
+	if whole && size <= prefetchMaxSize {
 		s.wholeRead(p)
 	}
+	return random
 }
 
 func (f *file) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
@@ -276,12 +280,7 @@ func (f *file) Stat(ctx context.Context) (backend.Attr, error) {
 
 func (f *file) Close(ctx context.Context) error {
 	err := f.File.Close(ctx)
-	f.once.Do(func() {
-		if !f.writing && !f.prefetch {
-			f.s.closedRead(f.e, &f.reads)
-		}
-		f.e.release()
-	})
+	f.once.Do(f.e.release)
 	return err
 }
 
@@ -326,7 +325,9 @@ func (f *cachedFile) err(op string, errno syscall.Errno, why string) error {
 
 func (f *cachedFile) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
 	if n, ok := f.e.readAt(p, off); ok {
-		f.reads.read(off, n)
+		if f.s != nil {
+			f.s.noteRead(f.e, &f.reads, off, n)
+		}
 		return n, nil
 	}
 	if f.attr != nil {
@@ -361,12 +362,7 @@ func (f *cachedFile) OpenedAttr() backend.Attr {
 func (f *cachedFile) Stat(context.Context) (backend.Attr, error) { return f.OpenedAttr(), nil }
 
 func (f *cachedFile) Close(context.Context) error {
-	f.once.Do(func() {
-		if f.s != nil {
-			f.s.closedRead(f.e, &f.reads)
-		}
-		f.e.release()
-	})
+	f.once.Do(f.e.release)
 	return nil
 }
 

@@ -159,16 +159,10 @@ func StartFor(dir string, keys *Keys, login string) (*Server, error) {
 		if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
 			return nil, err
 		}
-		s := &Server{Dir: dir, Port: port, User: login, done: make(chan struct{}), log: &lockedBuffer{}}
-		s.cmd = exec.Command(sshdPath, "-D", "-e", "-f", cfg)
-		s.cmd.Stdout = s.log
-		s.cmd.Stderr = s.log
-		s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-		if err := s.cmd.Start(); err != nil {
-			return nil, fmt.Errorf("starting sshd: %w", err)
+		s := &Server{Dir: dir, Port: port, User: login, log: &lockedBuffer{}}
+		if err := s.start(sshdPath); err != nil {
+			return nil, err
 		}
-		cmd, done := s.cmd, s.done
-		go func() { cmd.Wait(); close(done) }() //nolint:errcheck // reported via done
 		if err := s.waitListening(); err != nil {
 			s.Stop()
 			lastErr = err
@@ -256,11 +250,37 @@ func (s *Server) Kill() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
 	}
-	pids := append(Descendants(s.cmd.Process.Pid), s.cmd.Process.Pid)
-	for _, pid := range pids {
-		syscall.Kill(pid, syscall.SIGKILL) //nolint:errcheck // may be gone
+	// Stopped, the listener forks no new session while its sessions are found and
+	// killed; one forked just before would otherwise escape, live on and keep
+	// serving the client.
+	pid := s.cmd.Process.Pid
+	syscall.Kill(pid, syscall.SIGSTOP) //nolint:errcheck // may be gone
+	for pass := 0; pass < 3; pass++ {
+		for _, d := range Descendants(pid) {
+			syscall.Kill(d, syscall.SIGKILL) //nolint:errcheck // may be gone
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
+	syscall.Kill(pid, syscall.SIGKILL) //nolint:errcheck // may be gone
 	<-s.done
+}
+
+// start runs sshd in the foreground, its output kept for the log.
+func (s *Server) start(sshdPath string) error {
+	s.done = make(chan struct{})
+	s.cmd = exec.Command(sshdPath, "-D", "-e", "-f", filepath.Join(s.Dir, "sshd_config"))
+	s.cmd.Stdout = s.log
+	s.cmd.Stderr = s.log
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	// A session process that outlived the listener holds its output pipe: Wait must
+	// not wait for it.
+	s.cmd.WaitDelay = 2 * time.Second
+	if err := s.cmd.Start(); err != nil {
+		return fmt.Errorf("starting sshd: %w", err)
+	}
+	cmd, done := s.cmd, s.done
+	go func() { cmd.Wait(); close(done) }() //nolint:errcheck // reported via done
+	return nil
 }
 
 // Restart starts the server again on the same port, with the same keys, after Kill.
@@ -269,16 +289,9 @@ func (s *Server) Restart() error {
 	if err != nil {
 		return err
 	}
-	s.done = make(chan struct{})
-	s.cmd = exec.Command(sshdPath, "-D", "-e", "-f", filepath.Join(s.Dir, "sshd_config"))
-	s.cmd.Stdout = s.log
-	s.cmd.Stderr = s.log
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := s.cmd.Start(); err != nil {
-		return fmt.Errorf("starting sshd: %w", err)
+	if err := s.start(sshdPath); err != nil {
+		return err
 	}
-	cmd, done := s.cmd, s.done
-	go func() { cmd.Wait(); close(done) }() //nolint:errcheck // reported via done
 	return s.waitListening()
 }
 
