@@ -53,10 +53,10 @@ func (s *Source) wholeRead(p string) {
 	now := time.Now()
 	pf.mu.Lock()
 	pf.walkUntil = now.Add(walkLinger)
-	t, done := pf.dirs[dir]
+	done := pf.scheduledLocked(dir, now)
 	pf.mu.Unlock()
-	if done && now.Sub(t) < walkLinger {
-		return // scheduled already: no need to read its listing again
+	if done {
+		return // no need to read its listing again
 	}
 	if list, _, ok := s.st.LoadListing(dir); ok {
 		s.prefetchDir(dir, list)
@@ -75,12 +75,18 @@ func (s *Source) listed(dir string, list []backend.Entry) {
 	}
 }
 
+// scheduledLocked reports whether dir's files were scheduled within walkLinger.
+func (pf *prefetcher) scheduledLocked(dir string, now time.Time) bool {
+	t, done := pf.dirs[dir]
+	return done && now.Sub(t) < walkLinger
+}
+
 // prefetchDir schedules the small regular files of dir.
 func (s *Source) prefetchDir(dir string, list []backend.Entry) {
 	pf := s.pf
 	now := time.Now()
 	pf.mu.Lock()
-	if t, done := pf.dirs[dir]; done && now.Sub(t) < walkLinger {
+	if pf.scheduledLocked(dir, now) {
 		pf.mu.Unlock()
 		return
 	}
@@ -171,33 +177,31 @@ func (s *Source) openCached(ctx context.Context, p string) (backend.File, bool) 
 
 // holdsWhole reports whether the cache holds all of the file with attributes a.
 func (st *Store) holdsWhole(p string, a backend.Attr) bool {
-	st.mu.Lock()
-	e := st.entries[p]
-	st.mu.Unlock()
-	if e != nil {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		return e.valid && e.rec.Size == a.Size && e.rec.Mtime == a.Mtime.UnixNano() && e.rec.Spans.covers(0, a.Size)
-	}
-	st.mu.Lock()
-	gone := st.gone[p]
-	st.mu.Unlock()
-	r, ok := st.load(p)
-	return ok && !gone && r.Size == a.Size && r.Mtime == a.Mtime.UnixNano() && r.Spans.covers(0, a.Size)
+	r, ok := st.wholeRecord(p)
+	return ok && r.Size == a.Size && r.Mtime == a.Mtime.UnixNano()
 }
 
 // holdsSome reports, without asking anyone, whether the cache holds a whole version
 // of p (maybe not the server's current one).
 func (st *Store) holdsSome(p string) bool {
+	_, ok := st.wholeRecord(p)
+	return ok
+}
+
+// wholeRecord returns p's record, from its entry in use or the database, if the
+// cache holds all of that version.
+func (st *Store) wholeRecord(p string) (record, bool) {
 	st.mu.Lock()
 	e := st.entries[p]
 	gone := st.gone[p]
 	st.mu.Unlock()
 	if e != nil {
-		return e.holdsWhole()
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.rec, e.valid && !e.detached && e.rec.Spans.covers(0, e.rec.Size)
 	}
 	r, ok := st.load(p)
-	return ok && !gone && r.Spans.covers(0, r.Size)
+	return r, ok && !gone && r.Spans.covers(0, r.Size)
 }
 
 func (e *entry) holdsWhole() bool {
