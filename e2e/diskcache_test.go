@@ -308,7 +308,8 @@ func TestOffline(t *testing.T) {
 
 	// A fresh mount (empty memory caches) whose server then goes away: the listings
 	// and contents stored by the earlier mount answer.
-	mp = e.mount(e.source(0, ""), "--cache-dir", cacheDir, "-o", "timeout=3")
+	mp = e.mountpoint()
+	cmd = e.mountAt(mp, e.source(0, ""), "--cache-dir", cacheDir, "-o", "timeout=3")
 	e.servers[0].Kill()
 	waitStatus(t, mp, `"state": "offline"`)
 	if got := strings.Join(names(t, mp+"/docs"), " "); got != "cached.txt new.txt uncached.txt" {
@@ -317,6 +318,43 @@ func TestOffline(t *testing.T) {
 	if got := readString(t, mp+"/docs/cached.txt"); got != "kept" {
 		t.Errorf("content stored by the previous mount: %q", got)
 	}
+	unmountAndWait(t, mp, cmd)
+
+	// Mounting while the server is down: a cache that knows the source starts it
+	// offline (the background mount users run says so on the terminal, and succeeds);
+	// one that does not, or -o offline=off, fails as any unreachable server does.
+	other := e.mountpoint()
+	muxfsFails(t, other, "cannot connect", "-o", e.sshOpts()+",timeout=3", "--cache-dir", filepath.Join(e.tmp, "other-cache"), e.source(0, ""), other)
+	muxfsFails(t, other, "cannot connect", "-o", e.sshOpts()+",timeout=3,offline=off", "--cache-dir", cacheDir, e.source(0, ""), other)
+	mp = e.mountpoint()
+	t.Cleanup(func() { unmountQuietly(mp) })
+	out, err := exec.Command(muxfsBin, "-o", e.sshOpts()+",timeout=3", "--cache-dir", cacheDir, e.source(0, ""), mp).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "mounted from the cache, read-only until it answers") || strings.Count(string(out), "\n") != 1 {
+		t.Fatalf("mount while the server is down: %v, %q", err, out)
+	}
+	waitStatus(t, mp, `"state": "offline"`)
+	if got := strings.Join(names(t, mp+"/docs"), " "); got != "cached.txt new.txt uncached.txt" {
+		t.Errorf("listing of a source started offline: %q", got)
+	}
+	if got := readString(t, mp+"/docs/cached.txt"); got != "kept" {
+		t.Errorf("content of a source started offline: %q", got)
+	}
+	if err := os.WriteFile(mp+"/docs/later.txt", []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("write to a source started offline: %v, want EROFS", err)
+	}
+	// The server comes back: the source goes online by itself, writable.
+	if err := e.servers[0].Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, mp, `"state": "up"`)
+	writeFile(t, mp+"/docs/later.txt", "online again")
+	if readString(t, e.data[0]+"/docs/later.txt") != "online again" {
+		t.Error("write after a source started offline came online did not reach the server")
+	}
+	if out, err := exec.Command(muxfsBin, "umount", mp).CombinedOutput(); err != nil {
+		t.Fatalf("muxfs umount: %v\n%s", err, out)
+	}
+	waitGone(t, mp)
 }
 
 // TestCacheSeparatesSources: two sources with the same remote paths keep separate

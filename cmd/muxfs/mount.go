@@ -248,6 +248,9 @@ type mounted struct {
 	started  time.Time
 	status   []statusSource
 	disk     *diskcache.Cache // nil: no persistent cache
+	// background: the log goes to a file, and what the user must hear at mount is
+	// written to the terminal too.
+	background bool
 }
 
 // statusSource is what `muxfs status` reports on for one source.
@@ -303,8 +306,8 @@ func (m *mounted) report(mp string) mountStatus {
 
 // openBackends connects every source, behind the memory caches unless they are off; on
 // failure everything opened is closed again.
-func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger) (*mux.Table, *mounted, error) {
-	m := &mounted{started: time.Now()}
+func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger, background bool) (*mux.Table, *mounted, error) {
+	m := &mounted{started: time.Now(), background: background}
 	pools := map[string]*backend.Pool{}
 	var meta *cache.Meta
 	var prefetch *cache.Prefetcher
@@ -335,6 +338,11 @@ func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger) (*m
 				if store, err := m.disk.Store(b.String()); err != nil {
 					log.Warn("going without the persistent cache for this source", "source", b.String(), "err", err)
 				} else {
+					if roots, ok := resolvedRoots(b); ok {
+						if err := store.SetOrigin(givenAs(cfg, src), roots); err != nil {
+							log.Warn("cannot record the source in its cache; it will not start offline", "source", b.String(), "err", err)
+						}
+					}
 					ss.disk = diskcache.Wrap(b, store, cfg.Options.DiskCache == config.DiskFull, cfg.Options.Offline, health.State, log)
 					b, offline = ss.disk, ss.disk.Offline
 				}
@@ -408,26 +416,88 @@ func openSource(ctx context.Context, cfg *config.Config, src config.Source, pool
 	for _, ms := range append([]config.Source{src}, src.Replicas...) {
 		pool, err := openPool(ctx, cfg, src, ms, pools, m, log)
 		if err != nil {
-			if len(src.Replicas) == 0 {
-				return nil, err
-			}
-			// A replica set starts with the members it can reach; the others
-			// join when their server answers.
+			// A replica set starts with the members it can reach; the others join
+			// when their server answers. A source none of whose servers answers may
+			// start from its cache (below).
 			if firstErr == nil {
 				firstErr = err
 			}
-			log.Warn("replica unreachable at mount; it joins when it answers", "member", ms.Raw, "err", err)
-			pool = backend.NewDownPool(endpoint(cfg, src, ms), err, log)
+			if len(src.Replicas) > 0 {
+				log.Warn("replica unreachable at mount; it joins when it answers", "member", ms.Raw, "err", err)
+			}
+			ep := endpoint(cfg, src, ms)
+			pool = backend.NewDownPool(ep, err, log)
+			pools[ep.Key()] = pool
 			m.pools = append(m.pools, pool)
 			pool.Acquire()
 		}
 		members = append(members, backend.Member{Pool: pool, Dir: ms.Dir})
 	}
-	b, err := backend.NewSFTP(ctx, members, cfg.Options.Timeout, log)
-	if err != nil && firstErr != nil {
-		return nil, firstErr
+	if allDown(members) {
+		if firstErr == nil { // an endpoint found down by an earlier source
+			firstErr = members[0].Pool.Err()
+		}
+		if firstErr != nil {
+			return m.startOffline(cfg, src, members, firstErr, log)
+		}
 	}
-	return b, err
+	return backend.NewSFTP(ctx, members, cfg.Options.Timeout, log)
+}
+
+func allDown(members []backend.Member) bool {
+	for _, mb := range members {
+		if mb.Pool.State() == backend.StateUp {
+			return false
+		}
+	}
+	return true
+}
+
+// startOffline starts a source whose servers could not be reached from what an
+// earlier mount left in the persistent cache: read-only, until a server answers (the
+// pools keep trying). Only when the servers were unreachable — a refused key or host
+// key is an error to fix, never papered over — and the cache knows the source;
+// otherwise the mount fails with err.
+func (m *mounted) startOffline(cfg *config.Config, src config.Source, members []backend.Member, err error, log *slog.Logger) (backend.Backend, error) {
+	var ce *backend.ConnectError
+	if !cfg.Options.Offline || m.disk == nil || !errors.As(err, &ce) || !ce.Unreachable() {
+		return nil, err
+	}
+	_, roots, ok := m.disk.Known(givenAs(cfg, src))
+	if !ok || len(roots) != len(members) {
+		return nil, err
+	}
+	for i := range members {
+		members[i].Root = roots[i]
+	}
+	log.Warn("server unreachable at mount: serving the cached copy read-only until it answers", "source", src.Raw, "err", err)
+	if m.background {
+		why := ce.SSHSays
+		if why == "" {
+			why = oneLine(err.Error())
+		}
+		fmt.Fprintf(os.Stderr, "muxfs: %s is unreachable (%s): mounted from the cache, read-only until it answers\n", src.Raw, why)
+	}
+	return backend.NewOfflineSFTP(members, cfg.Options.Timeout, log)
+}
+
+// resolvedRoots returns where the directories of a remote source resolved, if every
+// member answered at mount.
+func resolvedRoots(b backend.Backend) ([]string, bool) {
+	if sb, ok := b.(*backend.SFTP); ok {
+		return sb.Roots()
+	}
+	return nil, false
+}
+
+// givenAs names a remote source as the user gave it, independently of where its
+// directories resolve on the servers: how a later mount finds its cache offline.
+func givenAs(cfg *config.Config, src config.Source) string {
+	var parts []string
+	for _, ms := range append([]config.Source{src}, src.Replicas...) {
+		parts = append(parts, endpoint(cfg, src, ms).String()+":"+ms.Dir)
+	}
+	return strings.Join(parts, " | ")
 }
 
 // endpoint is how to reach member ms of source src: the source's ssh settings (which
@@ -513,7 +583,7 @@ func serve(cfg *config.Config, onReady func(mp string) error) error {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer cancel()
-	table, m, err := openBackends(ctx, cfg, log)
+	table, m, err := openBackends(ctx, cfg, log, rep.background())
 	if err != nil {
 		return fail(err)
 	}

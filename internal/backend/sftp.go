@@ -24,7 +24,9 @@ type SFTP struct {
 	timeout time.Duration
 	log     *slog.Logger
 
-	posixRename, hardlink, lsetstat, statvfs, fsync bool
+	// ext is what the server offers beyond SFTP v3; learnt from the first session
+	// (see exts).
+	ext atomic.Pointer[extensions]
 
 	writer   atomic.Int32  // index of the member that takes changes
 	rr       atomic.Uint32 // rotates the first choice among equally busy members
@@ -38,6 +40,8 @@ type member struct {
 	pool *Pool
 	root string // absolute remote directory, or a path relative to the login directory
 	name string
+	// resolved: the server answered at mount and root is its answer.
+	resolved bool
 }
 
 func (m *member) abs(p string) string {
@@ -55,6 +59,41 @@ func (m *member) abs(p string) string {
 type Member struct {
 	Pool *Pool
 	Dir  string
+	// Root is the directory as resolved by an earlier mount (absolute), used while the
+	// member is down: a source started offline keeps the name its cache is kept under.
+	Root string
+}
+
+// extensions are the OpenSSH extensions muxfs uses where the server has them.
+type extensions struct {
+	posixRename, hardlink, lsetstat, statvfs, fsync bool
+}
+
+func extensionsOf(c *sftp.Client) *extensions {
+	return &extensions{
+		posixRename: c.HasExtension("posix-rename@openssh.com"),
+		hardlink:    c.HasExtension("hardlink@openssh.com"),
+		lsetstat:    c.HasExtension("lsetstat@openssh.com"),
+		statvfs:     c.HasExtension("statvfs@openssh.com"),
+		fsync:       c.HasExtension("fsync@openssh.com"),
+	}
+}
+
+// exts returns the server's extensions. A source started offline learns them from
+// its first session; until then (nothing can change on the server meanwhile) none is
+// assumed.
+func (s *SFTP) exts() extensions {
+	if e := s.ext.Load(); e != nil {
+		return *e
+	}
+	for _, m := range s.members {
+		if c := m.pool.live(); c != nil {
+			e := extensionsOf(c)
+			s.ext.CompareAndSwap(nil, e)
+			return *e
+		}
+	}
+	return extensions{}
 }
 
 // NewSFTP returns a source made of one or more members (several: a replica set).
@@ -62,6 +101,17 @@ type Member struct {
 // the first ls; at least one member must be reachable. timeout bounds every request,
 // its reconnects and retries included (0: no bound).
 func NewSFTP(ctx context.Context, members []Member, timeout time.Duration, log *slog.Logger) (*SFTP, error) {
+	return newSFTP(ctx, members, timeout, log, false)
+}
+
+// NewOfflineSFTP returns a source none of whose members could be reached at mount,
+// served from the persistent cache until one answers (each member's Root says where
+// its directory was); its pools keep trying in the background.
+func NewOfflineSFTP(members []Member, timeout time.Duration, log *slog.Logger) (*SFTP, error) {
+	return newSFTP(context.Background(), members, timeout, log, true)
+}
+
+func newSFTP(ctx context.Context, members []Member, timeout time.Duration, log *slog.Logger, offline bool) (*SFTP, error) {
 	s := &SFTP{timeout: timeout, log: log}
 	var caps *sftp.Client
 	for _, mb := range members {
@@ -74,7 +124,7 @@ func NewSFTP(ctx context.Context, members []Member, timeout time.Duration, log *
 		}
 		s.members = append(s.members, m)
 	}
-	if caps == nil {
+	if caps == nil && !offline {
 		return nil, fmt.Errorf("no member of %s is reachable — check the servers", members[0].Pool.ep.String())
 	}
 	for _, m := range s.members {
@@ -84,12 +134,22 @@ func NewSFTP(ctx context.Context, members []Member, timeout time.Duration, log *
 	if len(s.members) > 1 {
 		s.name += fmt.Sprintf(" (+%d replicas)", len(s.members)-1)
 	}
-	s.posixRename = caps.HasExtension("posix-rename@openssh.com")
-	s.hardlink = caps.HasExtension("hardlink@openssh.com")
-	s.lsetstat = caps.HasExtension("lsetstat@openssh.com")
-	s.statvfs = caps.HasExtension("statvfs@openssh.com")
-	s.fsync = caps.HasExtension("fsync@openssh.com")
+	if caps != nil {
+		s.ext.Store(extensionsOf(caps))
+	}
 	return s, nil
+}
+
+// Roots returns each member's directory as its server resolved it, and whether every
+// member was reached at mount (a member down since then has its directory as given).
+func (s *SFTP) Roots() ([]string, bool) {
+	roots := make([]string, len(s.members))
+	all := true
+	for i, m := range s.members {
+		roots[i] = m.root
+		all = all && m.resolved
+	}
+	return roots, all
 }
 
 // newMember checks a member's directory. A member whose server is down (a replica
@@ -103,6 +163,9 @@ func newMember(ctx context.Context, mb Member) (*member, *sftp.Client, error) {
 	}
 	m := &member{pool: mb.Pool, root: path.Clean(dir), name: ep + ":" + dir}
 	if mb.Pool.State() != StateUp {
+		if mb.Root != "" {
+			m.root, m.name = mb.Root, ep+":"+mb.Root
+		}
 		return m, nil, nil
 	}
 	c, err := mb.Pool.Get(ctx)
@@ -120,7 +183,7 @@ func newMember(ctx context.Context, mb Member) (*member, *sftp.Client, error) {
 	if a.Mode&syscall.S_IFMT != syscall.S_IFDIR {
 		return nil, nil, fmt.Errorf("%s:%s is not a directory — give a directory as the source", ep, dir)
 	}
-	m.root, m.name = root, ep+":"+root
+	m.root, m.name, m.resolved = root, ep+":"+root, true
 	return m, c, nil
 }
 
@@ -321,7 +384,7 @@ func (s *SFTP) parentIsFile(_ context.Context, p string) bool {
 // spaceOrReadOnly tells a full or read-only remote file system apart from other
 // failures, which OpenSSH reports alike.
 func (s *SFTP) spaceOrReadOnly(_ context.Context, p string) syscall.Errno {
-	if !s.statvfs {
+	if !s.exts().statvfs {
 		return syscall.EIO
 	}
 	ctx, cancel := bg()
@@ -500,7 +563,7 @@ func (s *SFTP) Unlink(ctx context.Context, p string) error {
 
 func (s *SFTP) Rename(ctx context.Context, from, to string) error {
 	err := s.change(ctx, func(ctx context.Context, m *member, c *sftp.Client) error {
-		if s.posixRename {
+		if s.exts().posixRename {
 			return c.PosixRename(ctx, m.abs(from), m.abs(to))
 		}
 		return s.renameReplacing(ctx, m, c, from, to)
@@ -574,7 +637,7 @@ func (s *SFTP) renameErrno(from, to string) syscall.Errno {
 // differentFS reports whether two paths' parents are on different remote file systems
 // (a rename or link between them fails with EXDEV, and mv then copies).
 func (s *SFTP) differentFS(a, b string) bool {
-	if !s.statvfs {
+	if !s.exts().statvfs {
 		return false
 	}
 	ctx, cancel := bg()
@@ -604,7 +667,7 @@ func (s *SFTP) Symlink(ctx context.Context, target, p string) error {
 }
 
 func (s *SFTP) Link(ctx context.Context, from, to string) error {
-	if !s.hardlink {
+	if !s.exts().hardlink {
 		return &Error{Op: "link", Source: s.name, Path: to, Errno: syscall.EPERM,
 			Cause: errors.New("server does not offer hardlink@openssh.com")}
 	}
@@ -672,7 +735,7 @@ func (s *SFTP) SetAttr(ctx context.Context, p string, set SetAttr) error {
 		if set.Valid == 0 {
 			return nil
 		}
-		if !s.lsetstat {
+		if !s.exts().lsetstat {
 			return fmt.Errorf("server lacks lsetstat@openssh.com, needed to change a symlink itself: %w", syscall.EOPNOTSUPP)
 		}
 		return c.Lsetstat(ctx, m.abs(p), toSFTPAttrs(set))

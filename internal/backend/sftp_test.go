@@ -160,7 +160,7 @@ func TestSFTPBackendBasics(t *testing.T) {
 // rename(2) semantics, and clear errnos where nothing can stand in.
 func TestFallbacksWithoutExtensions(t *testing.T) {
 	s, dir := newTestSFTP(t)
-	s.posixRename, s.hardlink, s.lsetstat, s.statvfs = false, false, false, false
+	s.ext.Store(&extensions{}) // a server with none of them
 	ctx := context.Background()
 	os.WriteFile(dir+"/a", []byte("a"), 0o644)      //nolint:errcheck
 	os.WriteFile(dir+"/b", []byte("b"), 0o644)      //nolint:errcheck

@@ -13,7 +13,7 @@ import (
 )
 
 func (s *SFTP) Statfs(ctx context.Context, p string) (Statfs, error) {
-	if !s.statvfs {
+	if !s.exts().statvfs {
 		// What sshfs reports without the extension: a large, empty file system, so that
 		// programs checking free space before writing go ahead.
 		return Statfs{Bsize: 4096, Blocks: 1 << 28, Bfree: 1 << 28, Bavail: 1 << 28, Files: 1 << 20, Ffree: 1 << 20, Namemax: 255}, nil
@@ -449,7 +449,7 @@ func (f *sftpFile) Sync(ctx context.Context) error {
 	if err := f.ready(ctx); err != nil {
 		return err
 	}
-	if !f.s.fsync {
+	if !f.s.exts().fsync {
 		// Every write has been acknowledged already; without fsync@openssh.com that
 		// is as durable as the server lets us make it.
 		return nil

@@ -108,6 +108,20 @@ func (e *ConnectError) Error() string {
 
 func (e *ConnectError) Unwrap() error { return e.Cause }
 
+// Unreachable reports whether the server could not be reached at all (no network, a
+// name that does not resolve, nothing listening, no answer), as opposed to a server
+// that answered and refused: a mount may then start from its cache (offline).
+func (e *ConnectError) Unreachable() bool {
+	s := strings.ToLower(e.SSHSays)
+	for _, c := range []string{"could not resolve hostname", "connection refused", "timed out",
+		"no route to host", "network is unreachable", "temporary failure in name resolution"} {
+		if strings.Contains(s, c) {
+			return true
+		}
+	}
+	return e.SSHSays == "" && errors.Is(e.Cause, context.DeadlineExceeded)
+}
+
 // connectHint turns ssh's complaint into what to do about it.
 func connectHint(says string) string {
 	s := strings.ToLower(says)
@@ -386,6 +400,20 @@ func (p *Pool) Release() {
 	for _, s := range sessions {
 		s.client.Close()
 	}
+}
+
+// Err returns why the pool last failed to connect (nil: it never did).
+func (p *Pool) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lastErr
+}
+
+// live returns a live session without waiting, or nil.
+func (p *Pool) live() *sftp.Client {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pruneLocked()
 }
 
 // pruneLocked drops dead sessions and returns the least busy live one, or nil.

@@ -381,7 +381,7 @@ func (s *Source) readDir(ctx context.Context, p string) ([]backend.Entry, error)
 		}
 		return list, nil
 	}
-	if list, ok := s.storedListing(p, now); ok {
+	if list, ok := s.storedListing(p, now, true); ok {
 		s.hits.Add(1)
 		return list, nil
 	}
@@ -425,8 +425,9 @@ func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, e
 }
 
 // storedListing answers a listing from the persistent cache (see the comment inside
-// for when it is fetched again).
-func (s *Source) storedListing(p string, now time.Time) ([]backend.Entry, bool) {
+// for when it is fetched again). Unless staleOK, an old listing is not answered while
+// the source is up: the caller (the prefetch, in the background) fetches it instead.
+func (s *Source) storedListing(p string, now time.Time, staleOK bool) ([]backend.Entry, bool) {
 	if s.persist == nil {
 		return nil, false
 	}
@@ -442,6 +443,9 @@ func (s *Source) storedListing(p string, now time.Time) ([]backend.Entry, bool) 
 	// answered at once and fetched again behind the caller.
 	first := s.markStoredUsed(p)
 	fresh := first || now.Sub(at) < s.meta.TTL
+	if !fresh && !staleOK && !offline {
+		return nil, false
+	}
 	s.meta.putListing(s.id, p, list, now, stamp)
 	if !fresh && !offline {
 		go s.fetchListing(context.Background(), p) //nolint:errcheck // a failed refresh keeps the stored answer
@@ -475,7 +479,7 @@ func (s *Source) offlineLstat(_ context.Context, p string) (backend.Attr, error)
 	if a, ok := s.persist.LoadAttr(p); ok {
 		return a, nil
 	}
-	if list, ok := s.storedListing(dir, time.Now()); ok {
+	if list, ok := s.storedListing(dir, time.Now(), true); ok {
 		for _, e := range list {
 			if e.Name == name {
 				return e.Attr, nil

@@ -276,6 +276,44 @@ func TestStoredListings(t *testing.T) {
 	}
 }
 
+// TestPrefetchFromStore: after a remount the listing prefetch loads what the store
+// holds ahead of the walk, with no request to the source.
+func TestPrefetchFromStore(t *testing.T) {
+	ctx := context.Background()
+	store := newMemPersist()
+	s, _, dir := newSource(t, time.Minute, nil)
+	s.SetPersist(store, func() bool { return false })
+	for _, d := range []string{"a/1", "b/2", "c/3"} {
+		os.MkdirAll(dir+"/"+d, 0o755) //nolint:errcheck
+	}
+	for _, d := range []string{"", "a", "b", "c", "a/1", "b/2", "c/3"} {
+		if _, err := s.ReadDir(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	s2, c2, _ := newSource(t, time.Minute, NewPrefetcher(4))
+	s2.SetPersist(store, func() bool { return false })
+	s2.ReadDir(ctx, "") //nolint:errcheck // from the store
+	s2.ReadDir(ctx, "") //nolint:errcheck // from memory: schedules the level below
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		_, ok := s2.meta.listing(s2.id, "c", time.Now())
+		if ok || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, d := range []string{"a", "b", "c"} {
+		if _, ok := s2.meta.listing(s2.id, d, time.Now()); !ok {
+			t.Errorf("%s was not loaded ahead of the walk", d)
+		}
+	}
+	if n := c2.readdirs.Load(); n != 0 {
+		t.Errorf("the prefetch asked the source for %d stored listings", n)
+	}
+}
+
 // TestCreatedKeepsListings: a directory made through muxfs is known empty, a file
 // created in it joins its listing, and a file being written is asked for again while
 // the other names are still answered: an untar looks up its next names for free.

@@ -87,11 +87,17 @@ func (pf *Prefetcher) fetch(s *Source, k key, depth int) {
 	if _, ok := s.meta.listing(s.id, k.path, time.Now()); ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	list, err := s.fetchListing(ctx, k.path)
-	if err != nil {
-		return // a failed prefetch leaves the walk to ask itself
+	// A listing the persistent cache holds, unused in this mount or younger than the
+	// TTL, is loaded from it: after a remount the stored tree is read ahead of the
+	// walk, in parallel, with no request. Only the rest is asked of the source.
+	list, ok := s.storedListing(k.path, time.Now(), false)
+	if !ok {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var err error
+		if list, err = s.fetchListing(ctx, k.path); err != nil {
+			return // a failed prefetch leaves the walk to ask itself
+		}
 	}
 	pf.mu.Lock()
 	if len(pf.ahead) > 65536 {

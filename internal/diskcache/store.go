@@ -144,9 +144,10 @@ func (c *Cache) Store(source string) (*Store, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o700); err != nil {
 		return nil, err
 	}
-	info, _ := json.Marshal(map[string]string{"source": source})
-	if err := os.WriteFile(filepath.Join(dir, "source.json"), info, 0o600); err != nil {
-		return nil, err
+	if o, _, ok := readOrigin(dir); !ok || o.Source != source {
+		if err := writeOrigin(dir, origin{Source: source}); err != nil {
+			return nil, err
+		}
 	}
 	// MAP_POPULATE reads the whole database in at once, sequentially: after a reboot
 	// (an empty page cache) a walk of a remounted tree would otherwise fault its
@@ -778,34 +779,9 @@ func (st *Store) evictOne(p string) bool {
 	return true
 }
 
-// listing is a directory listing as stored.
-type listing struct {
-	At      int64     `json:"t"` // when it was fetched, unix ns
-	Entries []dirItem `json:"e"`
-}
-
-type dirItem struct {
-	Name  string `json:"n"`
-	Mode  uint32 `json:"m"`
-	Size  int64  `json:"s"`
-	UID   uint32 `json:"u"`
-	GID   uint32 `json:"g"`
-	Atime int64  `json:"a"`
-	Mtime int64  `json:"t"`
-	Nlink uint32 `json:"l,omitempty"`
-}
-
 // SaveListing keeps a listing fetched from the server (committed within a second).
 func (st *Store) SaveListing(p string, list []backend.Entry, at time.Time) {
-	l := listing{At: at.UnixNano(), Entries: make([]dirItem, len(list))}
-	for i, e := range list {
-		a := e.Attr
-		l.Entries[i] = itemOf(e.Name, a)
-	}
-	v, err := json.Marshal(l)
-	if err != nil {
-		return
-	}
+	v := encodeListing(list, at)
 	st.mu.Lock()
 	st.dirSaves[p] = v
 	st.mu.Unlock()
@@ -814,24 +790,11 @@ func (st *Store) SaveListing(p string, list []backend.Entry, at time.Time) {
 // LoadListing returns a stored listing and when it was fetched.
 func (st *Store) LoadListing(p string) ([]backend.Entry, time.Time, bool) {
 	v := st.loadQueued(st.dirSaves, bucketDirs, p)
-	var l listing
-	if v == nil || json.Unmarshal(v, &l) != nil {
+	if v == nil {
 		return nil, time.Time{}, false
 	}
-	out := make([]backend.Entry, len(l.Entries))
-	for i, d := range l.Entries {
-		out[i] = backend.Entry{Name: d.Name, Attr: d.attr()}
-	}
-	return out, time.Unix(0, l.At), true
-}
-
-func itemOf(name string, a backend.Attr) dirItem {
-	return dirItem{name, a.Mode, a.Size, a.UID, a.GID, a.Atime.Unix(), a.Mtime.Unix(), a.Nlink}
-}
-
-func (d dirItem) attr() backend.Attr {
-	return backend.Attr{Mode: d.Mode, Size: d.Size, UID: d.UID, GID: d.GID,
-		Atime: time.Unix(d.Atime, 0), Mtime: time.Unix(d.Mtime, 0), Nlink: d.Nlink}
+	list, at, err := decodeListing(v)
+	return list, at, err == nil
 }
 
 // loadQueued returns the value of key p: the one queued for the next commit, else the
@@ -855,10 +818,7 @@ func (st *Store) loadQueued(queue map[string][]byte, bucket []byte, p string) []
 // SaveAttr keeps the attributes of a path looked up on the server, so that an
 // offline mount can still answer for it.
 func (st *Store) SaveAttr(p string, a backend.Attr) {
-	v, err := json.Marshal(itemOf("", a))
-	if err != nil {
-		return
-	}
+	v := encodeAttr(a)
 	st.mu.Lock()
 	st.attrSaves[p] = v
 	st.mu.Unlock()
@@ -867,11 +827,11 @@ func (st *Store) SaveAttr(p string, a backend.Attr) {
 // LoadAttr returns stored attributes of a path.
 func (st *Store) LoadAttr(p string) (backend.Attr, bool) {
 	v := st.loadQueued(st.attrSaves, bucketAttrs, p)
-	var d dirItem
-	if v == nil || json.Unmarshal(v, &d) != nil {
+	if v == nil {
 		return backend.Attr{}, false
 	}
-	return d.attr(), true
+	a, err := decodeAttr(v)
+	return a, err == nil
 }
 
 // ForgetListings drops what is stored of the given paths: their listings and
@@ -995,11 +955,8 @@ func (st *Store) Clear() error {
 // ReadStats reads the numbers of a source's cache directory that no mount is using.
 func ReadStats(dir string) (Stats, error) {
 	s := Stats{Dir: dir}
-	if b, err := os.ReadFile(filepath.Join(dir, "source.json")); err == nil {
-		var info map[string]string
-		if json.Unmarshal(b, &info) == nil {
-			s.Source = info["source"]
-		}
+	if o, _, ok := readOrigin(dir); ok {
+		s.Source = o.Source
 	}
 	db, err := bolt.Open(filepath.Join(dir, "meta.db"), 0o600, &bolt.Options{ReadOnly: true, Timeout: 100 * time.Millisecond})
 	if err != nil {

@@ -294,6 +294,11 @@ func (c *Client) newRequest(typ byte) (*buffer, uint32) {
 }
 
 func (c *Client) roundTrip(ctx context.Context, b *buffer, id uint32) (response, error) {
+	if err := ctx.Err(); err != nil {
+		// A caller that has already given up sends nothing (and gets its own error,
+		// not a reply that happened to win the race).
+		return response{}, err
+	}
 	t0 := time.Now()
 	k, err := c.start(b, id)
 	if err != nil {
