@@ -32,7 +32,7 @@ type bench struct {
 func main() {
 	var (
 		sysList  = flag.String("systems", "local,sshfs,sshfs-tuned,rclone,rclone-full,muxfs", "systems to measure")
-		wlList   = flag.String("workloads", "seq,rand,tree,untar,build", "workloads to run")
+		wlList   = flag.String("workloads", "seq,rand,tree,bonnie,untar,build", "workloads to run")
 		rttList  = flag.String("rtt", "0,2,20", "added round-trip times in ms")
 		reps     = flag.Int("reps", 3, "repetitions of each measurement (median reported)")
 		seqMiB   = flag.Int("seq-mib", 128, "size of the sequential I/O file in MiB")

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -43,6 +44,8 @@ var workloads = []workload{
 			}
 			return ""
 		}},
+	{name: "bonnie", desc: "bonnie++ 2.00 (the tool of the SDS seed), one run per repetition: 1 MiB written and read per character (one system call per byte), a 512 MiB file written in blocks, rewritten, read per character and in blocks, random seeks; then 2,048 empty files created, stat'ed and deleted in sequential and in random order. A figure bonnie++ prints as +++++ (done in under half a second: too fast to time) is left out",
+		at: func(rtt time.Duration) bool { return rtt == 0 }, run: bonnieWorkload},
 	{name: "untar", desc: "untar the same tree onto the mount, then rm -rf it",
 		at: func(rtt time.Duration) bool { return rtt == 0 }, run: untarWorkload},
 	{name: "build", desc: "build Lua 5.4 (a real C project, Debian's source) with make -j2, sources and objects on the mount; cold = fresh mount and dropped caches, hot = make clean and build again",
@@ -300,6 +303,63 @@ func buildWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 		res = append(res, result{"build " + temp, "s", d.Seconds(), false})
 		if _, _, err := sh("make -C " + dir + " clean"); err != nil {
 			return res, err
+		}
+	}
+	return res, nil
+}
+
+// bonnieFields are the columns of bonnie++'s CSV line (format 1.98, bonnie++ 2.00)
+// reported, with the unit of each: K/sec throughputs become MB/s.
+var bonnieFields = []struct {
+	col    int
+	metric string
+	kib    bool
+}{
+	{9, "write per char", true}, {11, "write block", true}, {13, "rewrite", true},
+	{15, "read per char", true}, {17, "read block", true}, {19, "random seeks", false},
+	{26, "seq create", false}, {28, "seq stat", false}, {30, "seq delete", false},
+	{32, "random create", false}, {34, "random stat", false}, {36, "random delete", false},
+}
+
+func bonnieWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
+	dir := filepath.Join(s.mp, "bonnie")
+	os.RemoveAll(dir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	if err := s.remount(); err != nil {
+		return nil, err
+	}
+	// -r 256 lets a 512 MiB file count as twice the RAM (bonnie++ wants the file to
+	// outsize the page cache; each phase's figure is then still the file system's, as
+	// the read phases start after the 512 MiB written have pushed most of it out).
+	// -f 1: the per-character phases move 1 MiB (default 20), one write(2) or
+	// read(2) per byte: through FUSE each is a request, and 20 MiB at sshfs' 30 KB/s
+	// would take over ten minutes.
+	_, out, err := sh("bonnie++ -q -u root -x 1 -d " + dir + " -s 512 -r 256 -f 1 -n 2 -m " + s.sys.name + " 2>/dev/null")
+	if err != nil {
+		return nil, err
+	}
+	var cols []string
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Split(strings.TrimSpace(line), ","); len(f) > 36 {
+			cols = f
+		}
+	}
+	if cols == nil {
+		return nil, fmt.Errorf("bonnie++ printed no CSV line: %s", tail(out))
+	}
+	var res []result
+	for _, f := range bonnieFields {
+		v, err := strconv.ParseFloat(cols[f.col], 64)
+		if err != nil {
+			continue // +++++: too fast to time
+		}
+		if f.kib {
+			res = append(res, result{f.metric, "MB/s", v * 1024 / mb, true})
+		} else {
+			res = append(res, result{f.metric, "/s", v, true})
 		}
 	}
 	return res, nil
