@@ -309,16 +309,16 @@ func buildWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 }
 
 // bonnieFields are the columns of bonnie++'s CSV line (format 1.98, bonnie++ 2.00)
-// reported, with the unit of each: K/sec throughputs become MB/s.
+// reported, with the unit of each.
 var bonnieFields = []struct {
 	col    int
 	metric string
-	kib    bool
+	unit   string // MB/s: bonnie++'s K/sec converted
 }{
-	{9, "write per char", true}, {11, "write block", true}, {13, "rewrite", true},
-	{15, "read per char", true}, {17, "read block", true}, {19, "random seeks", false},
-	{26, "seq create", false}, {28, "seq stat", false}, {30, "seq delete", false},
-	{32, "random create", false}, {34, "random stat", false}, {36, "random delete", false},
+	{9, "write per char", "MB/s"}, {11, "write block", "MB/s"}, {13, "rewrite", "MB/s"},
+	{15, "read per char", "MB/s"}, {17, "read block", "MB/s"}, {19, "random seeks", "IOPS"},
+	{26, "seq create", "files/s"}, {28, "seq stat", "files/s"}, {30, "seq delete", "files/s"},
+	{32, "random create", "files/s"}, {34, "random stat", "files/s"}, {36, "random delete", "files/s"},
 }
 
 func bonnieWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
@@ -334,10 +334,10 @@ func bonnieWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 	// -r 256 lets a 512 MiB file count as twice the RAM (bonnie++ wants the file to
 	// outsize the page cache; each phase's figure is then still the file system's, as
 	// the read phases start after the 512 MiB written have pushed most of it out).
-	// -f 1: the per-character phases move 1 MiB (default 20), one write(2) or
+	// -f1: the per-character phases move 1 MiB (default 20), one write(2) or
 	// read(2) per byte: through FUSE each is a request, and 20 MiB at sshfs' 30 KB/s
 	// would take over ten minutes.
-	_, out, err := sh("bonnie++ -q -u root -x 1 -d " + dir + " -s 512 -r 256 -f 1 -n 2 -m " + s.sys.name + " 2>/dev/null")
+	_, out, err := sh("bonnie++ -q -u root -x 1 -d " + dir + " -s 512 -r 256 -f1 -n 2 -m " + s.sys.name + " 2>/dev/null")
 	if err != nil {
 		return nil, err
 	}
@@ -356,11 +356,10 @@ func bonnieWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 		if err != nil {
 			continue // +++++: too fast to time
 		}
-		if f.kib {
-			res = append(res, result{f.metric, "MB/s", v * 1024 / mb, true})
-		} else {
-			res = append(res, result{f.metric, "/s", v, true})
+		if f.unit == "MB/s" {
+			v = v * 1024 / mb
 		}
+		res = append(res, result{f.metric, f.unit, v, true})
 	}
 	return res, nil
 }

@@ -94,15 +94,9 @@ func (h *dirHandle) load(ctx context.Context) syscall.Errno {
 	if branch >= 0 && h.l != nil {
 		lists = make([][]backend.Entry, len(dirs))
 		errs := make([]error, len(dirs))
-		var wg sync.WaitGroup
-		for k, i := range dirs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				lists[k], errs[k] = h.l.Branches[i].Backend.ReadDir(ctx, h.rel)
-			}()
-		}
-		wg.Wait()
+		mux.Each(len(dirs), func(k int) {
+			lists[k], errs[k] = h.l.Branches[dirs[k]].Backend.ReadDir(ctx, h.rel)
+		})
 		for _, err := range errs {
 			// A member whose directory vanished drops out of the merge.
 			if err != nil && !(len(dirs) > 1 && backend.ToErrno(err) == syscall.ENOENT) {
@@ -374,15 +368,9 @@ func holders(ctx context.Context, l *mux.Layer, rel string) ([]int, []backend.At
 	}
 	attrs := make([]backend.Attr, len(l.Branches))
 	errs := make([]error, len(l.Branches))
-	var wg sync.WaitGroup
-	for i, b := range l.Branches {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			attrs[i], errs[i] = b.Backend.Lstat(ctx, rel)
-		}()
-	}
-	wg.Wait()
+	mux.Each(len(l.Branches), func(i int) {
+		attrs[i], errs[i] = l.Branches[i].Backend.Lstat(ctx, rel)
+	})
 	var idx []int
 	var out []backend.Attr
 	for i, err := range errs {

@@ -3,7 +3,6 @@ package mux
 import (
 	"context"
 	"path"
-	"sync"
 	"syscall"
 
 	"github.com/muxfs/muxfs/internal/backend"
@@ -106,16 +105,10 @@ func (l *Layer) mostFree(ctx context.Context, candidates []int) (int, error) {
 	}
 	free := make([]uint64, len(candidates))
 	errs := make([]error, len(candidates))
-	var wg sync.WaitGroup
-	for k, i := range candidates {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			st, err := l.Branches[i].Backend.Statfs(ctx, "")
-			free[k], errs[k] = st.Bavail*st.Bsize, err
-		}()
-	}
-	wg.Wait()
+	Each(len(candidates), func(k int) {
+		st, err := l.Branches[candidates[k]].Backend.Statfs(ctx, "")
+		free[k], errs[k] = st.Bavail*st.Bsize, err
+	})
 	best := -1
 	for k := range candidates {
 		if errs[k] == nil && (best < 0 || free[k] > free[best]) {

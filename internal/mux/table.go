@@ -145,21 +145,10 @@ func (l *Layer) Resolve(ctx context.Context, rel string) (Found, error) {
 		err  error
 	}
 	results := make([]result, len(l.Branches))
-	if len(l.Branches) == 1 {
-		a, err := l.Branches[0].Backend.Lstat(ctx, rel)
-		results[0] = result{a, err}
-	} else {
-		var wg sync.WaitGroup
-		for i, b := range l.Branches {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				a, err := b.Backend.Lstat(ctx, rel)
-				results[i] = result{a, err}
-			}()
-		}
-		wg.Wait()
-	}
+	Each(len(l.Branches), func(i int) {
+		a, err := l.Branches[i].Backend.Lstat(ctx, rel)
+		results[i] = result{a, err}
+	})
 	found := Found{Index: -1}
 	for i, r := range results {
 		if r.err != nil {
@@ -198,4 +187,24 @@ func (b *Branch) Available() bool {
 		return d.Available()
 	}
 	return true
+}
+
+// Each calls f(0) … f(n-1) at once, each in its own goroutine, and returns when all
+// have: members of a union are asked in parallel. One is called directly: handing it
+// to another goroutine (and thread) costs more than the call when it is answered from
+// memory, as most lookups and listings of a walk are.
+func Each(n int, f func(i int)) {
+	if n == 1 {
+		f(0)
+		return
+	}
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(i)
+		}()
+	}
+	wg.Wait()
 }
