@@ -87,8 +87,10 @@ func fmtNum(v float64) string {
 		return fmt.Sprintf("%.0f", v)
 	case v >= 10:
 		return fmt.Sprintf("%.1f", v)
+	case v >= 0.1 || v == 0:
+		return fmt.Sprintf("%.2f", v)
 	}
-	return fmt.Sprintf("%.2f", v)
+	return fmt.Sprintf("%.2g", v) // bonnie++'s per-character rates through FUSE: 0.014
 }
 
 func (s *store) cell(rtt time.Duration, w, m, sys string) string {

@@ -259,3 +259,73 @@ func TestQueuedSetAttr(t *testing.T) {
 		t.Errorf("a waited-for truncate returned before it was done: size %d", st.Size())
 	}
 }
+
+// TestSmallWritesCoalesced: small sequential writes behind others go out together
+// (writeBehind.held), and whatever comes next on the file — a read, a stat, a change,
+// a write elsewhere, the close — sees them; a held write goes out on its own within
+// holdFor.
+func TestSmallWritesCoalesced(t *testing.T) {
+	s, dir := newTestSFTP(t)
+	ctx := context.Background()
+	f, err := s.Open(ctx, "log", os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sf := f.(*sftpFile)
+	sent := func() int64 { return sf.handle().c.Stats().BytesOut }
+	before := sent()
+	const n = 2000
+	for i := range n {
+		if _, err := f.WriteAt(ctx, []byte{byte('a' + i%26)}, int64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One WRITE per byte would send about 40 bytes each.
+	if out := sent() - before; out > n*10 {
+		t.Errorf("%d one-byte writes sent %d bytes: not coalesced", n, out)
+	}
+	// A read on the file sees every byte written.
+	buf := make([]byte, n)
+	if m, err := f.ReadAt(ctx, buf, 0); err != nil || m != n || buf[n-1] != byte('a'+(n-1)%26) {
+		t.Fatalf("read after small writes: %d %v %q", m, err, buf[n-10:m])
+	}
+	// So does a stat, and a change of size queued behind them.
+	if _, err := f.WriteAt(ctx, []byte("z"), n); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := f.Stat(ctx); err != nil || a.Size != n+1 {
+		t.Fatalf("stat after a held write: %+v %v", a, err)
+	}
+	if _, err := f.WriteAt(ctx, []byte("y"), n+1); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.SetAttr(ctx, SetAttr{Valid: SetSize, Size: n + 5}); err != nil {
+		t.Fatal(err)
+	}
+	// A write elsewhere sends the held one first; left alone, a held write goes out
+	// by itself.
+	if _, err := f.WriteAt(ctx, []byte("1"), n+10); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(ctx, []byte("2"), 3); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		b, _ := os.ReadFile(dir + "/log")
+		if len(b) == n+11 && b[3] == '2' {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("held writes never reached the server: %d bytes, [3]=%q", len(b), b[3])
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := f.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(dir + "/log")
+	if len(b) != n+11 || b[n] != 'z' || b[n+1] != 'y' || b[n+10] != '1' || b[3] != '2' || b[n+2] != 0 {
+		t.Errorf("file after close: %d bytes, tail %q", len(b), b[n-2:])
+	}
+}

@@ -206,6 +206,11 @@ func (f *sftpFile) reopenLocked(ctx context.Context, dead *sftp.Client) error {
 	for i := range f.wb.pending {
 		f.startLocked(&f.wb.pending[i])
 	}
+	if f.wb.held { // sent with the rest
+		f.wb.held = false
+		f.wb.heldFlag.Store(false)
+		f.wb.timer.Stop()
+	}
 	return nil
 }
 
@@ -375,6 +380,9 @@ func (f *sftpFile) Stat(ctx context.Context) (Attr, error) {
 	if err := f.checkedLocked(ctx); err != nil {
 		f.wb.mu.Unlock()
 		return Attr{}, f.s.fail(ctx, "open", f.path, err, nil)
+	}
+	if f.wb.held {
+		f.sendHeldLocked() // before the FSTAT, which must see it
 	}
 	h := f.handle()
 	pending, perr := h.c.StartFstat(h.h)

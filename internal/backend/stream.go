@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/muxfs/muxfs/internal/sftp"
 )
@@ -29,7 +31,21 @@ type writeBehind struct {
 	pending []pendingWrite
 	bytes   int
 	err     error
+
+	// held: the last pending write is not sent yet. A small write that follows
+	// others still pending waits up to holdFor for the next ones, sequential, to join
+	// it (Nagle's rule for a file's write stream): a program writing a byte or a
+	// stdio buffer per system call then costs one SFTP WRITE per holdFor or per
+	// MaxWrite bytes, not one per call, and ssh and the server do that much less
+	// work. The application was answered already, as for every write behind; the
+	// held data goes out at the latest with the next request of any kind on the file.
+	held     bool
+	heldFlag atomic.Bool // held, for readers that do not take mu
+	timer    *time.Timer
 }
+
+// holdFor bounds how long a small write waits for followers (see writeBehind.held).
+const holdFor = time.Millisecond
 
 type pendingWrite struct {
 	off      int64
@@ -77,16 +93,74 @@ func (f *sftpFile) startLocked(pw *pendingWrite) {
 	pw.w, pw.startErr = h.c.StartWrite(h.h, pw.data, pw.off)
 }
 
-// sendLocked sends a copy of data at off and waits for the oldest writes while the
-// window is full. A lost connection is dealt with when the write is waited for.
+// sendLocked sends a copy of data at off — or holds it for the writes that follow
+// (see writeBehind.held) — and waits for the oldest writes while the window is full.
+// A lost connection is dealt with when the write is waited for.
 func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64) error {
-	return f.queueLocked(ctx, pendingWrite{off: off, data: copyForReplay(data)})
+	wb := &f.wb
+	limit := f.handle().c.MaxWrite
+	if wb.held {
+		last := &wb.pending[len(wb.pending)-1]
+		if last.off+int64(len(last.data)) == off && len(last.data)+len(data) <= limit {
+			last.data = append(last.data, data...)
+			wb.bytes += len(data)
+			if len(last.data) == limit {
+				f.sendHeldLocked()
+			}
+			return f.windowLocked(ctx)
+		}
+		f.sendHeldLocked()
+	}
+	pw := pendingWrite{off: off, data: copyForReplay(data)}
+	if len(data) >= limit || len(wb.pending) == 0 {
+		// Large, or nothing ahead of it to wait behind: at once.
+		return f.queueLocked(ctx, pw)
+	}
+	wb.pending = append(wb.pending, pw)
+	wb.bytes += len(pw.data)
+	wb.held = true
+	wb.heldFlag.Store(true)
+	if wb.timer == nil {
+		wb.timer = time.AfterFunc(holdFor, f.sendHeld)
+	} else {
+		wb.timer.Reset(holdFor)
+	}
+	return f.windowLocked(ctx)
+}
+
+// sendHeld sends the held write, if there still is one, when its time is up.
+func (f *sftpFile) sendHeld() {
+	f.wb.mu.Lock()
+	defer f.wb.mu.Unlock()
+	if f.wb.held {
+		f.sendHeldLocked()
+	}
+}
+
+// sendHeldLocked sends the held write. Should it fail to go out, the failure stays
+// with it in the queue and is reported when it is waited for.
+func (f *sftpFile) sendHeldLocked() {
+	wb := &f.wb
+	wb.held = false
+	wb.heldFlag.Store(false)
+	wb.timer.Stop()
+	f.startLocked(&wb.pending[len(wb.pending)-1])
+}
+
+// sendHeldNow sends a held write before a request that must come after it.
+func (f *sftpFile) sendHeldNow() {
+	if f.wb.heldFlag.Load() {
+		f.sendHeld()
+	}
 }
 
 // queueLocked sends pw behind the file's requests in flight and waits for the oldest
 // while the window is full.
 func (f *sftpFile) queueLocked(ctx context.Context, pw pendingWrite) error {
 	wb := &f.wb
+	if wb.held {
+		f.sendHeldLocked()
+	}
 	wb.pending = append(wb.pending, pw)
 	wb.bytes += len(pw.data)
 	last := &wb.pending[len(wb.pending)-1]
@@ -98,6 +172,13 @@ func (f *sftpFile) queueLocked(ctx context.Context, pw pendingWrite) error {
 		wb.bytes -= len(pw.data)
 		return err
 	}
+	return f.windowLocked(ctx)
+}
+
+// windowLocked waits for the oldest requests while the window is full, and returns the
+// first failure on record.
+func (f *sftpFile) windowLocked(ctx context.Context) error {
+	wb := &f.wb
 	for wb.bytes > writeWindow || len(wb.pending) > maxQueued {
 		f.waitOldestLocked(ctx)
 	}
@@ -110,6 +191,9 @@ func (f *sftpFile) queueLocked(ctx context.Context, pw pendingWrite) error {
 // about to hear of it, and must not wait for more reconnects first.
 func (f *sftpFile) waitOldestLocked(ctx context.Context) {
 	wb := &f.wb
+	if wb.held && len(wb.pending) == 1 {
+		f.sendHeldLocked() // the held write is the last: it is the oldest now
+	}
 	var err error
 	for attempt := 1; ; attempt++ {
 		pw := &wb.pending[0]
@@ -201,6 +285,7 @@ func (ra *readAhead) reset() {
 func (f *sftpFile) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	ctx, cancel := f.s.deadline(ctx)
 	defer cancel()
+	f.sendHeldNow() // the server answers a handle's requests in order: the read sees it
 	for attempt := 1; ; attempt++ {
 		h := f.handle()
 		n, err := f.readAt(ctx, h, p, off)
