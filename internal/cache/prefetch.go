@@ -16,16 +16,29 @@ import (
 // one of them) does the prefetch go further down, up to maxDepth levels below what the
 // walk has reached: a large tree is never crawled unasked.
 type Prefetcher struct {
-	slots chan struct{}
-	mu    sync.Mutex
-	busy  map[key]bool
-	ahead map[key]bool // listings fetched ahead that no walk has asked for yet
-	deep  time.Time    // until when a walk is known to follow the prefetch
+	parallel int
+	mu       sync.Mutex
+	busy     map[key]bool
+	ahead    map[key]bool // listings fetched ahead that no walk has asked for yet
+	deep     time.Time    // until when a walk is known to follow the prefetch
+	// todo holds the listings to fetch, taken newest first by up to parallel workers.
+	// A walk goes depth first (find, ls -R, du take a directory's first
+	// subdirectory's whole tree before its second); fetching the children of the
+	// listing that arrived last, first child first, follows the same order, so the
+	// walk's next directories come before the rest of the tree's breadth.
+	todo    []task
+	workers int
+}
+
+type task struct {
+	s     *Source
+	k     key
+	depth int
 }
 
 // NewPrefetcher allows parallel listings at a time (per mount).
 func NewPrefetcher(parallel int) *Prefetcher {
-	return &Prefetcher{slots: make(chan struct{}, parallel), busy: map[key]bool{}, ahead: map[key]bool{}}
+	return &Prefetcher{parallel: parallel, busy: map[key]bool{}, ahead: map[key]bool{}}
 }
 
 const (
@@ -52,27 +65,48 @@ func (pf *Prefetcher) children(s *Source, dir string, list []backend.Entry) {
 }
 
 func (pf *Prefetcher) schedule(s *Source, dir string, list []backend.Entry, depth int) {
-	queued := 0
+	var tasks []task
 	for _, e := range list {
 		if !e.Attr.IsDir() || e.Name == "." || e.Name == ".." {
 			continue
 		}
-		if queued++; queued > maxQueued {
-			return
+		if len(tasks) == maxQueued {
+			break
 		}
 		p := backend.Child(dir, e.Name)
 		if _, cached := s.meta.listing(s.id, p, time.Now()); cached {
 			continue
 		}
-		k := key{s.id, p}
-		pf.mu.Lock()
-		if pf.busy[k] {
-			pf.mu.Unlock()
-			continue
+		tasks = append(tasks, task{s, key{s.id, p}, depth})
+	}
+	pf.mu.Lock()
+	defer pf.mu.Unlock()
+	// Pushed last child first: the first child is taken first.
+	for i := len(tasks) - 1; i >= 0; i-- {
+		if t := tasks[i]; !pf.busy[t.k] {
+			pf.busy[t.k] = true
+			pf.todo = append(pf.todo, t)
 		}
-		pf.busy[k] = true
+	}
+	for pf.workers < pf.parallel && pf.workers < len(pf.todo) {
+		pf.workers++
+		go pf.work()
+	}
+}
+
+// work fetches listings, newest first, until none is left.
+func (pf *Prefetcher) work() {
+	for {
+		pf.mu.Lock()
+		if len(pf.todo) == 0 {
+			pf.workers--
+			pf.mu.Unlock()
+			return
+		}
+		t := pf.todo[len(pf.todo)-1]
+		pf.todo = pf.todo[:len(pf.todo)-1]
 		pf.mu.Unlock()
-		go pf.fetch(s, k, depth)
+		pf.fetch(t.s, t.k, t.depth)
 	}
 }
 
@@ -82,8 +116,6 @@ func (pf *Prefetcher) fetch(s *Source, k key, depth int) {
 		delete(pf.busy, k)
 		pf.mu.Unlock()
 	}()
-	pf.slots <- struct{}{}
-	defer func() { <-pf.slots }()
 	if _, ok := s.meta.listing(s.id, k.path, time.Now()); ok {
 		return
 	}
