@@ -329,3 +329,16 @@ func TestSmallWritesCoalesced(t *testing.T) {
 		t.Errorf("file after close: %d bytes, tail %q", len(b), b[n-2:])
 	}
 }
+
+// TestExtensionsLearntLater: a source started with no server reachable knows no
+// extension; it learns them from its first live session.
+func TestExtensionsLearntLater(t *testing.T) {
+	s, _ := newTestSFTP(t)
+	s.ext.Store(nil) // as NewOfflineSFTP leaves it
+	if e := s.exts(); !e.posixRename || !e.statvfs {
+		t.Fatalf("extensions of OpenSSH's sftp-server not learnt from a live session: %+v", e)
+	}
+	if s.ext.Load() == nil {
+		t.Error("learnt extensions were not kept")
+	}
+}

@@ -206,9 +206,8 @@ func (f *sftpFile) reopenLocked(ctx context.Context, dead *sftp.Client) error {
 	for i := range f.wb.pending {
 		f.startLocked(&f.wb.pending[i])
 	}
-	if f.wb.held { // sent with the rest
-		f.wb.held = false
-		f.wb.heldFlag.Store(false)
+	if f.wb.held.Load() { // sent with the rest
+		f.wb.held.Store(false)
 		f.wb.timer.Stop()
 	}
 	return nil
@@ -381,7 +380,7 @@ func (f *sftpFile) Stat(ctx context.Context) (Attr, error) {
 		f.wb.mu.Unlock()
 		return Attr{}, f.s.fail(ctx, "open", f.path, err, nil)
 	}
-	if f.wb.held {
+	if f.wb.held.Load() {
 		f.sendHeldLocked() // before the FSTAT, which must see it
 	}
 	h := f.handle()

@@ -39,9 +39,9 @@ type writeBehind struct {
 	// MaxWrite bytes, not one per call, and ssh and the server do that much less
 	// work. The application was answered already, as for every write behind; the
 	// held data goes out at the latest with the next request of any kind on the file.
-	held     bool
-	heldFlag atomic.Bool // held, for readers that do not take mu
-	timer    *time.Timer
+	// Set and cleared under mu; atomic so that a read can look without taking mu.
+	held  atomic.Bool
+	timer *time.Timer
 }
 
 // holdFor bounds how long a small write waits for followers (see writeBehind.held).
@@ -99,7 +99,7 @@ func (f *sftpFile) startLocked(pw *pendingWrite) {
 func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64) error {
 	wb := &f.wb
 	limit := f.handle().c.MaxWrite
-	if wb.held {
+	if wb.held.Load() {
 		last := &wb.pending[len(wb.pending)-1]
 		if last.off+int64(len(last.data)) == off && len(last.data)+len(data) <= limit {
 			last.data = append(last.data, data...)
@@ -118,8 +118,7 @@ func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64) error
 	}
 	wb.pending = append(wb.pending, pw)
 	wb.bytes += len(pw.data)
-	wb.held = true
-	wb.heldFlag.Store(true)
+	wb.held.Store(true)
 	if wb.timer == nil {
 		wb.timer = time.AfterFunc(holdFor, f.sendHeld)
 	} else {
@@ -132,7 +131,7 @@ func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64) error
 func (f *sftpFile) sendHeld() {
 	f.wb.mu.Lock()
 	defer f.wb.mu.Unlock()
-	if f.wb.held {
+	if f.wb.held.Load() {
 		f.sendHeldLocked()
 	}
 }
@@ -141,15 +140,14 @@ func (f *sftpFile) sendHeld() {
 // with it in the queue and is reported when it is waited for.
 func (f *sftpFile) sendHeldLocked() {
 	wb := &f.wb
-	wb.held = false
-	wb.heldFlag.Store(false)
+	wb.held.Store(false)
 	wb.timer.Stop()
 	f.startLocked(&wb.pending[len(wb.pending)-1])
 }
 
 // sendHeldNow sends a held write before a request that must come after it.
 func (f *sftpFile) sendHeldNow() {
-	if f.wb.heldFlag.Load() {
+	if f.wb.held.Load() {
 		f.sendHeld()
 	}
 }
@@ -158,7 +156,7 @@ func (f *sftpFile) sendHeldNow() {
 // while the window is full.
 func (f *sftpFile) queueLocked(ctx context.Context, pw pendingWrite) error {
 	wb := &f.wb
-	if wb.held {
+	if wb.held.Load() {
 		f.sendHeldLocked()
 	}
 	wb.pending = append(wb.pending, pw)
@@ -191,7 +189,7 @@ func (f *sftpFile) windowLocked(ctx context.Context) error {
 // about to hear of it, and must not wait for more reconnects first.
 func (f *sftpFile) waitOldestLocked(ctx context.Context) {
 	wb := &f.wb
-	if wb.held && len(wb.pending) == 1 {
+	if wb.held.Load() && len(wb.pending) == 1 {
 		f.sendHeldLocked() // the held write is the last: it is the oldest now
 	}
 	var err error
