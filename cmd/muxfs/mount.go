@@ -592,6 +592,7 @@ func serve(cfg *config.Config, onReady func(mp string) error) error {
 	entry, attr, negative := cfg.Options.KernelTimeouts()
 	server, err := fsys.Mount(cfg.Mountpoint, fusefs.Options{
 		CacheDirs:          cfg.Options.Cache,
+		DirTimeout:         cfg.Options.CacheTimeout,
 		FsName:             fsName(cfg),
 		AllowOther:         cfg.Options.AllowOther,
 		DefaultPermissions: cfg.Options.DefaultPermissions,

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"sync"
 	"syscall"
 	"time"
 
@@ -178,4 +179,41 @@ func ToErrno(err error) syscall.Errno {
 		return 0
 	}
 	return syscall.EIO
+}
+
+// ListingExpiry collects when the directory listings answered for one request stop
+// being trusted, for a cache above the sources (the kernel's, see package fusefs) that
+// must not keep a listing longer than muxfs itself would. A context carries it
+// through every wrapper of a source; the memory cache fills it in.
+type ListingExpiry struct {
+	mu sync.Mutex
+	at time.Time
+}
+
+type listingExpiryKey struct{}
+
+// WithListingExpiry returns a context under which listings report their expiry to e.
+func WithListingExpiry(ctx context.Context, e *ListingExpiry) context.Context {
+	return context.WithValue(ctx, listingExpiryKey{}, e)
+}
+
+// NoteListingExpiry records, in the ListingExpiry ctx carries if any, that a listing
+// answered under ctx is trusted until t.
+func NoteListingExpiry(ctx context.Context, t time.Time) {
+	e, ok := ctx.Value(listingExpiryKey{}).(*ListingExpiry)
+	if !ok {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.at.IsZero() || t.Before(e.at) {
+		e.at = t
+	}
+}
+
+// At is the earliest expiry noted; zero if no listing came from a cache.
+func (e *ListingExpiry) At() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.at
 }

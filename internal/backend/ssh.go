@@ -511,6 +511,7 @@ func (p *Pool) reconnect() {
 			close(p.up)
 			p.up = make(chan struct{})
 			p.mu.Unlock()
+			announceHealth()
 			p.log.Warn("reconnected", "endpoint", p.ep.String(), "attempts", attempt)
 			return
 		}
@@ -519,6 +520,9 @@ func (p *Pool) reconnect() {
 		close(p.tried)
 		p.tried = make(chan struct{})
 		p.mu.Unlock()
+		if first {
+			announceHealth()
+		}
 		if first {
 			p.log.Warn("server unreachable; retrying in the background", "endpoint", p.ep.String(), "err", err)
 		} else {
@@ -529,6 +533,33 @@ func (p *Pool) reconnect() {
 		case <-p.quit:
 		}
 		wait = min(wait*2, maxBackoff)
+	}
+}
+
+// health is closed and replaced whenever a pool's State changes: views built from
+// several sources (a union's merged listings, which the kernel may keep) change with
+// their members' health.
+var health struct {
+	sync.Mutex
+	changed chan struct{}
+}
+
+// HealthChanged returns a channel closed at the next change of any pool's State.
+func HealthChanged() <-chan struct{} {
+	health.Lock()
+	defer health.Unlock()
+	if health.changed == nil {
+		health.changed = make(chan struct{})
+	}
+	return health.changed
+}
+
+func announceHealth() {
+	health.Lock()
+	defer health.Unlock()
+	if health.changed != nil {
+		close(health.changed)
+		health.changed = nil
 	}
 }
 
@@ -549,6 +580,7 @@ func (p *Pool) stateLocked() State {
 		p.dialing = true
 		p.log.Warn("connection lost; reconnecting", "endpoint", p.ep.String())
 		go p.reconnect()
+		announceHealth()
 	}
 	if p.lastErr != nil {
 		return StateDown

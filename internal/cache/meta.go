@@ -125,13 +125,13 @@ func (m *Meta) putAttr(source int, p string, a backend.Attr, missing bool, now t
 	m.trimLocked(now)
 }
 
-func (m *Meta) listing(source int, p string, now time.Time) ([]backend.Entry, bool) {
+func (m *Meta) listing(source int, p string, now time.Time) (list []backend.Entry, expires time.Time, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if d, hit := m.dirs[key{source, p}]; hit && now.Before(d.expires) && len(d.dirty) == 0 {
-		return d.list, true
+		return d.list, d.expires, true
 	}
-	return nil, false
+	return nil, time.Time{}, false
 }
 
 func (m *Meta) putListing(source int, p string, list []backend.Entry, now time.Time, stamp uint64) {
@@ -373,7 +373,8 @@ func (s *Source) ReadDir(ctx context.Context, p string) ([]backend.Entry, error)
 
 func (s *Source) readDir(ctx context.Context, p string) ([]backend.Entry, error) {
 	now := time.Now()
-	if list, ok := s.meta.listing(s.id, p, now); ok {
+	if list, expires, ok := s.meta.listing(s.id, p, now); ok {
+		backend.NoteListingExpiry(ctx, expires)
 		s.hits.Add(1)
 		if s.prefetch != nil {
 			// The walk goes on below: keep one level ahead of it.
@@ -381,7 +382,7 @@ func (s *Source) readDir(ctx context.Context, p string) ([]backend.Entry, error)
 		}
 		return list, nil
 	}
-	if list, ok := s.storedListing(p, now, true); ok {
+	if list, ok := s.storedListing(ctx, p, now, true); ok {
 		s.hits.Add(1)
 		return list, nil
 	}
@@ -394,6 +395,7 @@ func (s *Source) readDir(ctx context.Context, p string) ([]backend.Entry, error)
 	if err != nil {
 		return nil, err
 	}
+	backend.NoteListingExpiry(ctx, now.Add(s.meta.TTL))
 	if s.prefetch != nil {
 		s.prefetch.children(s, p, list)
 	}
@@ -427,7 +429,7 @@ func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, e
 // storedListing answers a listing from the persistent cache (see the comment inside
 // for when it is fetched again). Unless staleOK, an old listing is not answered while
 // the source is up: the caller (the prefetch, in the background) fetches it instead.
-func (s *Source) storedListing(p string, now time.Time, staleOK bool) ([]backend.Entry, bool) {
+func (s *Source) storedListing(ctx context.Context, p string, now time.Time, staleOK bool) ([]backend.Entry, bool) {
 	if s.persist == nil {
 		return nil, false
 	}
@@ -449,6 +451,10 @@ func (s *Source) storedListing(p string, now time.Time, staleOK bool) ([]backend
 	s.meta.putListing(s.id, p, list, now, stamp)
 	if !fresh && !offline {
 		go s.fetchListing(context.Background(), p) //nolint:errcheck // a failed refresh keeps the stored answer
+		// Answered stale: whoever keeps it should ask again soon, for the refetch.
+		backend.NoteListingExpiry(ctx, now)
+	} else {
+		backend.NoteListingExpiry(ctx, now.Add(s.meta.TTL))
 	}
 	// No listing ahead here: the subdirectories are most likely stored too.
 	return list, true
@@ -469,7 +475,7 @@ func (s *Source) markStoredUsed(p string) bool {
 
 // offlineLstat answers a lookup from the stored listing of the parent while the source
 // is offline.
-func (s *Source) offlineLstat(_ context.Context, p string) (backend.Attr, error) {
+func (s *Source) offlineLstat(ctx context.Context, p string) (backend.Attr, error) {
 	if p == "" {
 		return backend.Attr{Mode: syscall.S_IFDIR | 0o555}, nil
 	}
@@ -479,7 +485,7 @@ func (s *Source) offlineLstat(_ context.Context, p string) (backend.Attr, error)
 	if a, ok := s.persist.LoadAttr(p); ok {
 		return a, nil
 	}
-	if list, ok := s.storedListing(dir, time.Now(), true); ok {
+	if list, ok := s.storedListing(ctx, dir, time.Now(), true); ok {
 		for _, e := range list {
 			if e.Name == name {
 				return e.Attr, nil

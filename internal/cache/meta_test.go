@@ -126,7 +126,7 @@ func TestStaleAnswerNotStored(t *testing.T) {
 	st := m.stamp(0, "dir")
 	m.Invalidate(0, "dir/new") // a create in dir while its listing was being fetched
 	m.putListing(0, "dir", nil, time.Now(), st)
-	if _, ok := m.listing(0, "dir", time.Now()); ok {
+	if _, _, ok := m.listing(0, "dir", time.Now()); ok {
 		t.Error("a listing fetched across a change was stored")
 	}
 }
@@ -298,14 +298,14 @@ func TestPrefetchFromStore(t *testing.T) {
 	s2.ReadDir(ctx, "") //nolint:errcheck // from memory: schedules the level below
 	deadline := time.Now().Add(2 * time.Second)
 	for {
-		_, ok := s2.meta.listing(s2.id, "c", time.Now())
+		_, _, ok := s2.meta.listing(s2.id, "c", time.Now())
 		if ok || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	for _, d := range []string{"a", "b", "c"} {
-		if _, ok := s2.meta.listing(s2.id, d, time.Now()); !ok {
+		if _, _, ok := s2.meta.listing(s2.id, d, time.Now()); !ok {
 			t.Errorf("%s was not loaded ahead of the walk", d)
 		}
 	}
@@ -328,7 +328,7 @@ func TestCreatedKeepsListings(t *testing.T) {
 	if a, found, ok := m.lookup(0, "d/a", now); !ok || !found || a.Mode != 0o100600 {
 		t.Fatalf("a file just created: %v %v %v", a, found, ok)
 	}
-	before, _ := m.listing(0, "d", now)
+	before, _, _ := m.listing(0, "d", now)
 	m.Created(0, "d/b", backend.Attr{Mode: 0o100644})
 	if len(before) != 1 {
 		t.Errorf("a listing handed out changed under its holder: %d entries", len(before))
@@ -340,11 +340,40 @@ func TestCreatedKeepsListings(t *testing.T) {
 	if _, found, ok := m.lookup(0, "d/c", now); !ok || found {
 		t.Error("the other names of the directory are no longer answered")
 	}
-	if _, ok := m.listing(0, "d", now); ok {
+	if _, _, ok := m.listing(0, "d", now); ok {
 		t.Error("a listing with a file being written is handed out whole")
 	}
 	m.Created(0, "d/a", backend.Attr{Mode: 0o100600, Size: 5})
 	if a, found, ok := m.lookup(0, "d/a", now); !ok || !found || a.Size != 5 {
 		t.Errorf("reopened for writing: %v %v %v", a, found, ok)
+	}
+}
+
+// TestListingExpiryReported: a listing answered under backend.WithListingExpiry says
+// when the cache stops trusting it — fetched now: a TTL from now; answered from
+// memory later: still the fetch's expiry, not a fresh TTL.
+func TestListingExpiryReported(t *testing.T) {
+	s, _, _ := newSource(t, time.Minute, nil)
+	before := time.Now()
+	var e backend.ListingExpiry
+	if _, err := s.ReadDir(backend.WithListingExpiry(context.Background(), &e), ""); err != nil {
+		t.Fatal(err)
+	}
+	fetched := e.At()
+	if fetched.Before(before.Add(time.Minute)) || fetched.After(time.Now().Add(time.Minute)) {
+		t.Fatalf("expiry of a fetched listing: %v, want a minute after the fetch (%v)", fetched, before)
+	}
+	time.Sleep(50 * time.Millisecond)
+	var again backend.ListingExpiry
+	if _, err := s.ReadDir(backend.WithListingExpiry(context.Background(), &again), ""); err != nil {
+		t.Fatal(err)
+	}
+	// (The fetch reports the time it started plus the TTL; the cache's own expiry
+	// counts from a moment later.)
+	if d := again.At().Sub(fetched); d < 0 || d > 5*time.Millisecond {
+		t.Errorf("expiry of the cached listing: %v after the fetch's, want the fetch's", d)
+	}
+	if _, err := s.ReadDir(context.Background(), ""); err != nil {
+		t.Errorf("without a collector: %v", err)
 	}
 }

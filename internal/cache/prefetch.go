@@ -74,7 +74,7 @@ func (pf *Prefetcher) schedule(s *Source, dir string, list []backend.Entry, dept
 			break
 		}
 		p := backend.Child(dir, e.Name)
-		if _, cached := s.meta.listing(s.id, p, time.Now()); cached {
+		if _, _, cached := s.meta.listing(s.id, p, time.Now()); cached {
 			continue
 		}
 		tasks = append(tasks, task{s, key{s.id, p}, depth})
@@ -116,13 +116,13 @@ func (pf *Prefetcher) fetch(s *Source, k key, depth int) {
 		delete(pf.busy, k)
 		pf.mu.Unlock()
 	}()
-	if _, ok := s.meta.listing(s.id, k.path, time.Now()); ok {
+	if _, _, ok := s.meta.listing(s.id, k.path, time.Now()); ok {
 		return
 	}
 	// A listing the persistent cache holds, unused in this mount or younger than the
 	// TTL, is loaded from it: after a remount the stored tree is read ahead of the
 	// walk, in parallel, with no request. Only the rest is asked of the source.
-	list, ok := s.storedListing(k.path, time.Now(), false)
+	list, ok := s.storedListing(context.Background(), k.path, time.Now(), false)
 	if !ok {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

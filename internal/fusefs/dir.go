@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -38,6 +39,7 @@ type dirHandle struct {
 	entries []dirEntry
 	byName  map[string]int
 	pos     int
+	expires time.Time // when the earliest member listing stops being trusted
 }
 
 var _ = (fs.NodeOpendirHandler)((*node)(nil))
@@ -57,6 +59,12 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	// reaches muxfs. (The kernel drops it on its own when entries are added or removed
 	// through the mount.)
 	if !n.fsys.cacheDirs {
+		return h, 0, 0
+	}
+	if n.fsys.noOpendir.Load() {
+		// Opened in process for the kernel's readdir (dirless), which keeps what it
+		// reads until muxfs' own copy expires.
+		n.fsys.holdListing(n, h.expires)
 		return h, 0, 0
 	}
 	sum := h.checksum()
@@ -91,6 +99,8 @@ func (h *dirHandle) load(ctx context.Context) syscall.Errno {
 	n := h.n
 	branch, dirs, _ := n.state()
 	var lists [][]backend.Entry
+	var expiry backend.ListingExpiry
+	ctx = backend.WithListingExpiry(ctx, &expiry)
 	if branch >= 0 && h.l != nil {
 		lists = make([][]backend.Entry, len(dirs))
 		errs := make([]error, len(dirs))
@@ -148,7 +158,7 @@ func (h *dirHandle) load(ctx context.Context) syscall.Errno {
 		n.fsys.log.Warn("server sent invalid file names (with '/', NUL, '.' or '..'); they are not shown",
 			"dir", h.vp, "count", dropped)
 	}
-	h.entries, h.byName, h.pos = entries, byName, 0
+	h.entries, h.byName, h.pos, h.expires = entries, byName, 0, expiry.At()
 	return 0
 }
 

@@ -7,6 +7,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,9 +21,10 @@ import (
 
 // Options are the FUSE-side settings of a mount.
 type Options struct {
-	// CacheDirs lets the kernel keep directory listings while they are unchanged
-	// (with the memory caches on).
+	// CacheDirs lets the kernel keep directory listings (with the memory caches on),
+	// each for DirTimeout after it read it.
 	CacheDirs          bool
+	DirTimeout         time.Duration
 	FsName             string
 	AllowOther         bool
 	DefaultPermissions bool
@@ -41,6 +44,12 @@ type FS struct {
 	uid, gid  uint32
 	root      *node
 	cacheDirs bool
+
+	// noOpendir: the kernel opens directories itself (see dirless) and keeps the
+	// listings in held until expireListings drops them.
+	noOpendir atomic.Bool
+	heldMu    sync.Mutex
+	held      map[*node]time.Time
 }
 
 // New prepares the file system for table.
@@ -110,7 +119,29 @@ func (f *FS) Mount(mountpoint string, o Options) (*fuse.Server, error) {
 		UID:             f.uid,
 		GID:             f.gid,
 	}
-	return fs.Mount(mountpoint, f.root, opts)
+	var raw fuse.RawFileSystem = fs.NewNodeFS(f.root, opts)
+	// The kernel keeps listings without OPENDIR only when muxfs may keep them for a
+	// while: expiry is checked a tenth of the timeout apart, at most every second.
+	var server *fuse.Server // set before Serve, so before any OPENDIR
+	dirs := o.CacheDirs && o.DirTimeout >= time.Second
+	if dirs {
+		raw = newDirless(raw, f, func() bool {
+			return server.KernelSettings().Flags64()&fuse.CAP_NO_OPENDIR_SUPPORT != 0
+		})
+	}
+	server, err := fuse.NewServer(raw, mountpoint, &opts.MountOptions)
+	if err != nil {
+		return nil, err
+	}
+	if dirs {
+		go f.expireListings(server, min(o.DirTimeout/10, time.Second))
+	}
+	go server.Serve()
+	if err := server.WaitMount(); err != nil {
+		// Serve ends with the failed mount, and expireListings with it.
+		return nil, err
+	}
+	return server, nil
 }
 
 // uninterruptible drops the kernel's interrupt from a request's context. The kernel

@@ -41,14 +41,12 @@ func (f *FS) Refresh(vp string) error {
 	return nil
 }
 
-// notifyTree tells the kernel to forget the names below inode and the pages of every
-// file it knows there.
+// notifyTree tells the kernel to forget the names below inode, and the pages of every
+// file and the listing of every directory it knows there.
 func notifyTree(inode *fs.Inode) {
 	for name, ch := range inode.Children() {
 		notifyTree(ch)
 		inode.NotifyEntry(name)
 	}
-	if !inode.IsDir() {
-		inode.NotifyContent(0, 0)
-	}
+	inode.NotifyContent(0, 0)
 }

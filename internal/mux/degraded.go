@@ -99,3 +99,18 @@ func (d *Degraded) Statfs(ctx context.Context, p string) (backend.Statfs, error)
 	}
 	return d.Backend.Statfs(ctx, p)
 }
+
+// Membership says, one flag per union member of the table (in layer and branch order),
+// whether it is left out of its union now. Merged listings change when it does: a
+// cache of them (the kernel's) must be dropped then.
+func (t *Table) Membership() []bool {
+	var out []bool
+	for _, l := range t.layers {
+		for _, b := range l.Branches {
+			if d, ok := b.Backend.(*Degraded); ok {
+				out = append(out, d.skip())
+			}
+		}
+	}
+	return out
+}
