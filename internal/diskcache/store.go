@@ -659,9 +659,9 @@ func (st *Store) flush() {
 			for p, v := range saves {
 				var err error
 				if v == nil {
-					err = b.Delete([]byte(p))
+					err = b.Delete(dbKey(p))
 				} else {
-					err = b.Put([]byte(p), v)
+					err = b.Put(dbKey(p), v)
 				}
 				if err != nil {
 					return err
@@ -779,6 +779,25 @@ func (st *Store) evictOne(p string) bool {
 	return true
 }
 
+// rootKey stands for the source's root ("") in the listing and attribute buckets:
+// bbolt refuses an empty key, and one refused key fails the whole commit. No other
+// path is ".": paths are relative, and "." is never a name.
+const rootKey = "."
+
+func dbKey(p string) []byte {
+	if p == "" {
+		return []byte(rootKey)
+	}
+	return []byte(p)
+}
+
+func pathOf(k []byte) string {
+	if string(k) == rootKey {
+		return ""
+	}
+	return string(k)
+}
+
 // SaveListing keeps a listing fetched from the server (committed within a second).
 func (st *Store) SaveListing(p string, list []backend.Entry, at time.Time) {
 	v := encodeListing(list, at)
@@ -807,7 +826,7 @@ func (st *Store) loadQueued(queue map[string][]byte, bucket []byte, p string) []
 		return v
 	}
 	st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error is a miss
-		if b := tx.Bucket(bucket).Get([]byte(p)); b != nil {
+		if b := tx.Bucket(bucket).Get(dbKey(p)); b != nil {
 			v = append([]byte(nil), b...)
 		}
 		return nil
@@ -858,7 +877,7 @@ func (st *Store) ForgetTree(dir string) {
 				keys = append(keys, dir)
 			}
 			for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-				keys = append(keys, string(k))
+				keys = append(keys, pathOf(k))
 			}
 			return nil
 		})

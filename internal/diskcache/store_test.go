@@ -390,3 +390,39 @@ func TestFetchWholeOnRandomReads(t *testing.T) {
 		t.Error("a file over the limit was fetched whole")
 	}
 }
+
+// TestRootListingPersists: the source's root ("" to the cache) is stored like any
+// directory. bbolt refuses an empty key, and a refused key used to fail the whole
+// commit, losing every listing saved with the root's.
+func TestRootListingPersists(t *testing.T) {
+	c, s, _, _ := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	st := s.Store()
+	list := []backend.Entry{{Name: "a", Attr: backend.Attr{Mode: syscall.S_IFDIR | 0o755}}}
+	at := time.Unix(100, 0)
+	st.SaveListing("", list, at)
+	st.SaveAttr("", backend.Attr{Mode: syscall.S_IFDIR | 0o755, Mtime: at})
+	st.SaveListing("a", nil, at)
+	st.flush()
+	st.mu.Lock()
+	queued := len(st.dirSaves) + len(st.attrSaves)
+	st.mu.Unlock()
+	if queued != 0 {
+		t.Fatalf("%d saves still queued after the commit", queued)
+	}
+	for _, p := range []string{"", "a"} {
+		if _, _, ok := st.LoadListing(p); !ok {
+			t.Errorf("listing of %q not stored", p)
+		}
+	}
+	if _, ok := st.LoadAttr(""); !ok {
+		t.Error("root's attributes not stored")
+	}
+	st.ForgetTree("")
+	st.flush()
+	for _, p := range []string{"", "a"} {
+		if _, _, ok := st.LoadListing(p); ok {
+			t.Errorf("listing of %q survived ForgetTree", p)
+		}
+	}
+}
