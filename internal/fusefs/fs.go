@@ -44,6 +44,8 @@ type FS struct {
 	uid, gid  uint32
 	root      *node
 	cacheDirs bool
+	// attrTimeout is how long the kernel keeps attributes muxfs answered with.
+	attrTimeout time.Duration
 
 	// noOpendir: the kernel opens directories itself (see dirless) and keeps the
 	// listings in held until expireListings drops them.
@@ -77,6 +79,7 @@ func New(table *mux.Table, log *slog.Logger) *FS {
 // Mount mounts the file system at mountpoint and returns the running server.
 func (f *FS) Mount(mountpoint string, o Options) (*fuse.Server, error) {
 	f.cacheDirs = o.CacheDirs
+	f.attrTimeout = o.AttrTimeout
 	var fuseOpts []string
 	if o.DefaultPermissions {
 		fuseOpts = append(fuseOpts, "default_permissions")

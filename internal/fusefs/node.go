@@ -269,7 +269,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		if errno := n.flushWriters(ctx); errno != 0 {
 			return errno
 		}
-		return n.Getattr(ctx, fh, out)
+		return n.setattrAnswer(ctx, fh, out)
 	}
 	var err error
 	if h := n.setattrHandle(fh); h != nil {
@@ -301,7 +301,20 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	for _, h := range n.writerHandles() {
 		h.applied(set)
 	}
-	return n.Getattr(ctx, fh, out)
+	return n.setattrAnswer(ctx, fh, out)
+}
+
+// setattrAnswer fills a SETATTR's answer: the attributes now, valid as long as a
+// GETATTR's. go-fuse's bridge gives SETATTR answers no validity, and the kernel would
+// then ask again at the next stat — the one that tar makes after every futimens.
+func (n *node) setattrAnswer(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	if errno := n.Getattr(ctx, fh, out); errno != 0 {
+		return errno
+	}
+	if out.Timeout() == 0 {
+		out.SetTimeout(n.fsys.attrTimeout)
+	}
+	return 0
 }
 
 // setattrHandle picks the open handle a setattr goes through, held against its
