@@ -2,6 +2,7 @@ package diskcache
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"time"
 
@@ -133,4 +134,57 @@ func decodeAttr(v []byte) (backend.Attr, error) {
 		return backend.Attr{}, errCorrupt
 	}
 	return a, nil
+}
+
+// File records are stored in the same compact form: every open of a cached file reads
+// its record, and JSON's decoding was 8% of the mount's CPU time in a `grep -r` of a
+// cached tree. Records written as JSON by earlier versions are still read, so an
+// upgrade keeps the cache.
+func encodeRecord(r record) []byte {
+	b := make([]byte, 0, 24+len(r.Spans)*8)
+	b = append(b, itemFormat)
+	b = binary.AppendVarint(b, r.Size)
+	b = binary.AppendVarint(b, r.Mtime)
+	b = binary.AppendVarint(b, r.Used)
+	b = binary.AppendUvarint(b, uint64(len(r.Spans)))
+	for _, s := range r.Spans {
+		b = binary.AppendVarint(b, s.Off)
+		b = binary.AppendVarint(b, s.End-s.Off)
+	}
+	return b
+}
+
+func decodeRecord(v []byte) (record, error) {
+	var r record
+	if len(v) > 0 && v[0] == '{' {
+		if err := json.Unmarshal(v, &r); err != nil {
+			return record{}, errCorrupt
+		}
+		if len(r.Spans) == 0 {
+			r.Spans = nil // as the binary form reads: nothing cached
+		}
+		return r, nil
+	}
+	d := newDecoder(v)
+	r.Size = d.varint()
+	r.Mtime = d.varint()
+	r.Used = d.varint()
+	n := d.uvarint()
+	if n > uint64(len(d.b)) { // every span takes at least two bytes
+		d.fail()
+	}
+	if d.err != nil {
+		return record{}, d.err
+	}
+	if n > 0 {
+		r.Spans = make(spans, n)
+	}
+	for i := range r.Spans {
+		off := d.varint()
+		r.Spans[i] = span{Off: off, End: off + d.varint()}
+	}
+	if d.err != nil || len(d.b) != 0 {
+		return record{}, errCorrupt
+	}
+	return r, nil
 }

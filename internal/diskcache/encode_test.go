@@ -58,3 +58,48 @@ func FuzzDecodeListing(f *testing.F) {
 		decodeAttr(v) //nolint:errcheck // must only not panic
 	})
 }
+
+func TestRecordEncoding(t *testing.T) {
+	r := record{Size: 1 << 40, Mtime: 1700000000123456789, Used: 1700000000,
+		Spans: spans{{Off: 0, End: 4096}, {Off: 1 << 20, End: 1<<20 + 255<<10}}}
+	v := encodeRecord(r)
+	got, err := decodeRecord(v)
+	if err != nil || !reflect.DeepEqual(got, r) {
+		t.Fatalf("round trip: %v %+v", err, got)
+	}
+	for i := range v {
+		if _, err := decodeRecord(v[:i]); err == nil {
+			t.Fatalf("truncated at %d of %d: accepted", i, len(v))
+		}
+	}
+	if _, err := decodeRecord(append(v, 0)); err == nil {
+		t.Fatal("trailing byte accepted")
+	}
+	// Records of earlier versions (JSON) are still read: an upgrade keeps the cache.
+	old, err := decodeRecord([]byte(`{"s":10,"m":5,"r":[{"o":0,"e":10}],"u":7}`))
+	if err != nil || !reflect.DeepEqual(old, record{Size: 10, Mtime: 5, Used: 7, Spans: spans{{0, 10}}}) {
+		t.Fatalf("old JSON record: %v %+v", err, old)
+	}
+	if _, err := decodeRecord([]byte(`{"s":`)); err == nil {
+		t.Fatal("torn JSON record accepted")
+	}
+	empty, err := decodeRecord(encodeRecord(record{Size: 0, Mtime: 1}))
+	if err != nil || empty.Spans != nil {
+		t.Fatalf("record without spans: %v %+v", err, empty)
+	}
+}
+
+func FuzzDecodeRecord(f *testing.F) {
+	f.Add(encodeRecord(record{Size: 3, Mtime: 1, Spans: spans{{0, 3}}}))
+	f.Add([]byte(`{"s":1,"r":[{"o":0,"e":1}]}`))
+	f.Fuzz(func(t *testing.T, v []byte) {
+		r, err := decodeRecord(v)
+		if err != nil {
+			return
+		}
+		again, err := decodeRecord(encodeRecord(r))
+		if err != nil || !reflect.DeepEqual(again, r) {
+			t.Fatalf("re-encode: %v %+v, want %+v", err, again, r)
+		}
+	})
+}

@@ -13,7 +13,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -203,7 +202,8 @@ type Store struct {
 	hits, misses atomic.Int64 // bytes read from the cache, and fetched from the server
 }
 
-// record is what the database holds of a cached file.
+// record is what the database holds of a cached file, in encodeRecord's form; the
+// JSON names read the records of earlier versions.
 type record struct {
 	Size  int64 `json:"s"`
 	Mtime int64 `json:"m"` // the server's, unix ns
@@ -249,7 +249,9 @@ func (st *Store) load(p string) (record, bool) {
 	found := false
 	st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error is a miss
 		if v := tx.Bucket(bucketFiles).Get([]byte(p)); v != nil {
-			found = json.Unmarshal(v, &r) == nil
+			var err error
+			r, err = decodeRecord(v)
+			found = err == nil
 		}
 		return nil
 	})
@@ -638,8 +640,7 @@ func (st *Store) deleteRecords(paths map[string]bool) (freed int64, err error) {
 func deleteIn(b *bolt.Bucket, paths map[string]bool, freed *int64) error {
 	for p := range paths {
 		if v := b.Get([]byte(p)); v != nil {
-			var r record
-			if json.Unmarshal(v, &r) == nil {
+			if r, err := decodeRecord(v); err == nil {
 				*freed += r.Spans.bytes()
 			}
 			if err := b.Delete([]byte(p)); err != nil {
@@ -749,7 +750,7 @@ func (st *Store) flush() {
 			if !ok {
 				continue // a write began since: its data is not what was synced
 			}
-			v, _ := json.Marshal(t.rec)
+			v := encodeRecord(t.rec)
 			if err := fb.Put([]byte(t.e.path), v); err != nil {
 				return err
 			}
@@ -829,8 +830,7 @@ func (c *Cache) evict(stores []*Store) {
 	for _, st := range stores {
 		st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error leaves nothing to evict
 			return tx.Bucket(bucketFiles).ForEach(func(k, v []byte) error {
-				var r record
-				if json.Unmarshal(v, &r) == nil {
+				if r, err := decodeRecord(v); err == nil {
 					all = append(all, cand{st, string(k), r.Used, r.Spans.bytes()})
 				}
 				return nil
@@ -868,7 +868,7 @@ func (st *Store) evictOne(p string) bool {
 	err := st.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketFiles)
 		if v := b.Get([]byte(p)); v != nil {
-			json.Unmarshal(v, &r) //nolint:errcheck // the record goes either way
+			r, _ = decodeRecord(v) // the record goes either way
 		}
 		return b.Delete([]byte(p))
 	})
@@ -1099,8 +1099,7 @@ func ReadStats(dir string) (Stats, error) {
 func cachedBytes(b *bolt.Bucket) int64 {
 	var n int64
 	b.ForEach(func(_, v []byte) error { //nolint:errcheck // the callback never fails
-		var r record
-		if json.Unmarshal(v, &r) == nil {
+		if r, err := decodeRecord(v); err == nil {
 			n += r.Spans.bytes()
 		}
 		return nil
