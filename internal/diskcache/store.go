@@ -340,12 +340,12 @@ func (e *entry) fileLocked() (*os.File, error) {
 	if e.f != nil {
 		return e.f, nil
 	}
-	if e.mem != nil {
-		return e.memToFileLocked()
-	}
 	p := e.st.dataPath(e.path)
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return nil, err
+	}
+	if e.mem != nil {
+		return e.memToFileLocked(p)
 	}
 	f, err := os.OpenFile(p, os.O_RDWR, 0o600)
 	if errors.Is(err, os.ErrNotExist) {
@@ -449,12 +449,8 @@ func (e *entry) dropMemLocked() {
 	e.mem = nil
 }
 
-// memToFileLocked writes the data held in memory to a new data file.
-func (e *entry) memToFileLocked() (*os.File, error) {
-	p := e.st.dataPath(e.path)
-	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-		return nil, err
-	}
+// memToFileLocked writes the data held in memory to a new data file at p.
+func (e *entry) memToFileLocked(p string) (*os.File, error) {
 	// Truncated: a file left by a crash holds nothing the spans name.
 	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -748,7 +744,7 @@ func (st *Store) flush() {
 			ok := t.e.gen == t.gen && t.e.valid && !unsynced[t.f] && !t.skip
 			t.e.mu.Unlock()
 			if !ok {
-				continue // a write began since: its data is not what was synced
+				continue // changed since, or its data could not be written or synced
 			}
 			v := encodeRecord(t.rec)
 			if err := fb.Put([]byte(t.e.path), v); err != nil {
