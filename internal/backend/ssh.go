@@ -171,9 +171,19 @@ func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog
 	}
 	// A pipe holds 64 KiB by default: less than one 255 KiB SFTP packet, so every
 	// write would wait for ssh to drain it. 1 MiB lets a burst go through at once.
+	// Through SyscallConn, not Fd: Fd would put the pipe in blocking mode, and a
+	// reply read by a blocking read(2) reaches its waiting request ~20 µs later than
+	// one the runtime's poller delivers (measured: LSTAT round trip 245–258 µs
+	// blocking, 220–245 polled, on loopback).
 	for _, p := range []any{stdin, stdout} {
-		if f, ok := p.(interface{ Fd() uintptr }); ok {
-			unix.FcntlInt(f.Fd(), unix.F_SETPIPE_SZ, 1<<20) //nolint:errcheck // a smaller pipe still works
+		if f, ok := p.(interface {
+			SyscallConn() (syscall.RawConn, error)
+		}); ok {
+			if rc, err := f.SyscallConn(); err == nil {
+				rc.Control(func(fd uintptr) { //nolint:errcheck // a smaller pipe still works
+					unix.FcntlInt(fd, unix.F_SETPIPE_SZ, 1<<20) //nolint:errcheck // as above
+				})
+			}
 		}
 	}
 	if err := cmd.Start(); err != nil {

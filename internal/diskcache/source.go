@@ -115,27 +115,25 @@ func (s *Source) Unlink(ctx context.Context, p string) error {
 	if err := s.readOnlyNow("unlink", p); err != nil {
 		return err
 	}
-	defer s.st.drop(p)
-	return s.Backend.Unlink(ctx, p)
+	return s.st.dropDuring(func() error { return s.Backend.Unlink(ctx, p) }, true, p)
 }
 
 func (s *Source) Rename(ctx context.Context, from, to string) error {
 	if err := s.readOnlyNow("rename", from); err != nil {
 		return err
 	}
-	defer s.st.drop(from)
-	defer s.st.drop(to)
-	return s.Backend.Rename(ctx, from, to)
+	return s.st.dropDuring(func() error { return s.Backend.Rename(ctx, from, to) }, true, from, to)
 }
 
 func (s *Source) SetAttr(ctx context.Context, p string, set backend.SetAttr) error {
 	if err := s.readOnlyNow("setattr", p); err != nil {
 		return err
 	}
+	op := func() error { return s.Backend.SetAttr(ctx, p, set) }
 	if set.Valid&backend.SetSize != 0 {
-		defer s.st.drop(p)
+		return s.st.dropDuring(op, false, p)
 	}
-	return s.Backend.SetAttr(ctx, p, set)
+	return op()
 }
 
 func writing(flags int) bool {

@@ -24,6 +24,16 @@ type counting struct {
 	backend.Backend
 	read atomic.Int64
 	down atomic.Bool
+	// duringUnlink, if set, runs while an unlink is in flight, before the server
+	// acts on it.
+	duringUnlink func()
+}
+
+func (c *counting) Unlink(ctx context.Context, p string) error {
+	if c.duringUnlink != nil {
+		c.duringUnlink()
+	}
+	return c.Backend.Unlink(ctx, p)
 }
 
 func (c *counting) Open(ctx context.Context, p string, flags int, mode uint32) (backend.File, error) {
@@ -294,6 +304,10 @@ func TestRenameOverCachedFile(t *testing.T) {
 	if got := string(readAll(t, s, "lib.a")); got != "new content" {
 		t.Errorf("after the rename: %q", got)
 	}
+	n, err := old.ReadAt(ctx, buf, 0)
+	if got := string(buf[:n]); err != nil || got != "old content" {
+		t.Errorf("the handle open before the rename reads %q, %v", got, err)
+	}
 	old.Close(ctx) //nolint:errcheck
 	if got := string(readAll(t, s, "lib.a")); got != "new content" {
 		t.Errorf("after the old handle closed: %q", got)
@@ -340,6 +354,81 @@ func TestDroppedRecordCommittedLater(t *testing.T) {
 	s.st.mu.Unlock()
 	if gone != 0 {
 		t.Errorf("%d deletions still pending after a commit", gone)
+	}
+}
+
+// The cached data is removed while the unlink waits for the server; an open of the
+// old file in that window caches it again, and that copy must not outlive the unlink
+// either.
+func TestUnlinkDropsDataCachedDuringIt(t *testing.T) {
+	c, s, cb, remote := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	mtime := time.Unix(1e9, 0)
+	put := func(content string) {
+		os.WriteFile(filepath.Join(remote, "a"), []byte(content), 0o644) //nolint:errcheck
+		os.Chtimes(filepath.Join(remote, "a"), mtime, mtime)             //nolint:errcheck
+	}
+	put("old content")
+	readAll(t, s, "a")
+	cb.duringUnlink = func() {
+		if got := string(readAll(t, s, "a")); got != "old content" {
+			t.Errorf("during the unlink: %q", got)
+		}
+	}
+	if err := s.Unlink(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	cb.duringUnlink = nil
+	if _, err := os.Stat(s.st.dataPath("a")); !os.IsNotExist(err) {
+		t.Errorf("data cached during the unlink still there after it: %v", err)
+	}
+	put("new content")
+	if got := string(readAll(t, s, "a")); got != "new content" {
+		t.Errorf("a new file at the unlinked path reads %q", got)
+	}
+}
+
+// A file open when it is unlinked reads on as before (POSIX), from the cache when
+// it held the file whole; a new file at the path has its own data, which the old
+// handle's close leaves alone.
+func TestOpenFileOutlivesUnlink(t *testing.T) {
+	c, s, cb, remote := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	ctx := context.Background()
+	mtime := time.Unix(1e9, 0)
+	put := func(content string) {
+		os.WriteFile(filepath.Join(remote, "a"), []byte(content), 0o644) //nolint:errcheck
+		os.Chtimes(filepath.Join(remote, "a"), mtime, mtime)             //nolint:errcheck
+	}
+	put("old content")
+	readAll(t, s, "a")
+	s.st.flush() // the record committed, as after a remount
+	old, err := s.Open(ctx, "a", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := old.(*cachedFile); !ok {
+		t.Fatalf("a file held whole opened as %T, not from the cache", old)
+	}
+	if err := s.Unlink(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	put("new content")
+	if got := string(readAll(t, s, "a")); got != "new content" {
+		t.Errorf("the new file reads %q", got)
+	}
+	buf := make([]byte, 64)
+	n, err := old.ReadAt(ctx, buf, 0)
+	if got := string(buf[:n]); err != nil || got != "old content" {
+		t.Errorf("the handle open before the unlink reads %q, %v", got, err)
+	}
+	old.Close(ctx) //nolint:errcheck
+	before := cb.read.Load()
+	if got := string(readAll(t, s, "a")); got != "new content" {
+		t.Errorf("after the old handle closed, the new file reads %q", got)
+	}
+	if cb.read.Load() != before {
+		t.Error("the old handle's close dropped the new file's cached data")
 	}
 }
 
