@@ -315,23 +315,49 @@ type cachedFile struct {
 	s     *Source // set when online: its reads still show a walk (content prefetch)
 	once  sync.Once
 	reads readTracker
+
+	// remote is the file opened on the server once the cache no longer holds what
+	// is read: the file changed on the server (another open saw it) or was truncated
+	// by path. Reads then see what the server has, as they would through sshfs.
+	remoteMu sync.Mutex
+	remote   backend.File
 }
 
 func (f *cachedFile) err(op string, errno syscall.Errno, why string) error {
 	return &backend.Error{Op: op, Source: f.src, Path: f.e.path, Errno: errno, Cause: errors.New(why)}
 }
 
-func (f *cachedFile) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
+func (f *cachedFile) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if n, ok := f.e.readAt(p, off); ok {
 		if f.s != nil {
 			f.s.noteRead(f.e, &f.reads, off, n)
 		}
 		return n, nil
 	}
-	if f.attr != nil {
-		return 0, f.err("read", syscall.EIO, "the cached copy of this file was dropped while open")
+	if f.s == nil {
+		return 0, f.err("read", syscall.EIO, "this part of the file is not cached and the source is offline")
 	}
-	return 0, f.err("read", syscall.EIO, "this part of the file is not cached and the source is offline")
+	r, err := f.server(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return r.ReadAt(ctx, p, off)
+}
+
+// server returns the file opened on the server, opening it at the first call. Only a
+// drop that leaves the path naming the same file (a truncate, a change seen by another
+// open) gets here: after an unlink or a rename the entry keeps its data (dropKeep).
+func (f *cachedFile) server(ctx context.Context) (backend.File, error) {
+	f.remoteMu.Lock()
+	defer f.remoteMu.Unlock()
+	if f.remote == nil {
+		r, err := f.s.Backend.Open(ctx, f.e.path, os.O_RDONLY, 0)
+		if err != nil {
+			return nil, err
+		}
+		f.remote = r
+	}
+	return f.remote, nil
 }
 
 func (f *cachedFile) WriteAt(context.Context, []byte, int64) (int, error) {
@@ -359,8 +385,13 @@ func (f *cachedFile) OpenedAttr() backend.Attr {
 
 func (f *cachedFile) Stat(context.Context) (backend.Attr, error) { return f.OpenedAttr(), nil }
 
-func (f *cachedFile) Close(context.Context) error {
+func (f *cachedFile) Close(ctx context.Context) error {
 	f.once.Do(f.e.release)
+	f.remoteMu.Lock()
+	defer f.remoteMu.Unlock()
+	if f.remote != nil {
+		return f.remote.Close(ctx)
+	}
 	return nil
 }
 

@@ -432,6 +432,49 @@ func TestOpenFileOutlivesUnlink(t *testing.T) {
 	}
 }
 
+// A file opened whole from the cache and then changed on the server, which another
+// open notices, reads on from the server: its cached copy is gone, and EIO would be
+// wrong. The same after a truncate by path.
+func TestCachedFileReadsServerAfterDrop(t *testing.T) {
+	c, s, _, remote := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	ctx := context.Background()
+	put := func(content string, sec int64) {
+		mtime := time.Unix(1e9+sec, 0)
+		os.WriteFile(filepath.Join(remote, "a"), []byte(content), 0o644) //nolint:errcheck
+		os.Chtimes(filepath.Join(remote, "a"), mtime, mtime)             //nolint:errcheck
+	}
+	put("version one", 0)
+	readAll(t, s, "a")
+	buf := make([]byte, 64)
+	for _, change := range []string{"changed on the server", "truncated by path"} {
+		h, err := s.Open(ctx, "a", os.O_RDONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := h.(*cachedFile); !ok {
+			t.Fatalf("%s: a file held whole opened as %T", change, h)
+		}
+		want := ""
+		if change == "changed on the server" {
+			put("version two, longer", 1)
+			want = "version two, longer"
+			readAll(t, s, "a") // another open sees the change and drops the data
+		} else {
+			if err := s.SetAttr(ctx, "a", backend.SetAttr{Valid: backend.SetSize, Size: 7}); err != nil {
+				t.Fatal(err)
+			}
+			want = "version"
+		}
+		n, err := h.ReadAt(ctx, buf, 0)
+		if got := string(buf[:n]); got != want || (err != nil && err != io.EOF) {
+			t.Errorf("%s: the handle open before reads %q, %v; want %q", change, got, err, want)
+		}
+		h.Close(ctx) //nolint:errcheck
+		readAll(t, s, "a")
+	}
+}
+
 // TestFetchWholeOnRandomReads: a file read at random is fetched whole in the
 // background, after which reads no longer reach the server; a file larger than the
 // limit is not.
