@@ -11,10 +11,12 @@ import (
 	"log"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -42,6 +44,7 @@ func main() {
 		keep     = flag.Bool("keep", false, "keep the working directory")
 		fromLog  = flag.String("from-log", "", "write the report from this run log instead of measuring")
 		notes    = flag.String("notes", "", "markdown file appended to the report (the analysis)")
+		serve    = flag.Bool("serve", false, "set up the server, delay proxies and data, print how to mount each system, and wait for Ctrl-C (a rig for profiling by hand)")
 	)
 	flag.Parse()
 	log.SetFlags(log.Ltime)
@@ -98,6 +101,11 @@ func main() {
 	b := &bench{env: e, reps: *reps, seqMiB: *seqMiB, data: filepath.Join(root, "data"), results: newStore()}
 	if err := b.prepare(); err != nil {
 		log.Fatal(err)
+	}
+
+	if *serve {
+		b.serve(rtts)
+		return
 	}
 
 	selected := func(list string, name string) bool { return slices.Contains(strings.Split(list, ","), name) }
@@ -265,4 +273,23 @@ func (b *bench) rawStream(rtt time.Duration) {
 			}
 		}
 	}
+}
+
+// serve prints the rig's addresses and each system's mount command, and waits for
+// Ctrl-C or SIGTERM: the same server, proxies, data and mount options as a run, for
+// profiling one workload by hand (-o debug, MUXFS_CPUPROFILE, perf).
+func (b *bench) serve(rtts []time.Duration) {
+	e := b.env
+	fmt.Printf("data on the server: %s (tree: %s/shared/tree, Lua source: %s)\n", b.data, b.data, b.luaTar)
+	for _, rtt := range rtts {
+		port := e.proxies[rtt]
+		fmt.Printf("\n%v added RTT: port %d\n", rtt, port)
+		fmt.Printf("  %s --cache-dir %s -o %s sftp://%s@127.0.0.1:%d%s MOUNTPOINT\n",
+			e.muxfs, e.muxfsCache(), strings.Join(e.sshOpts(), ","), e.server.User, port, b.data)
+		fmt.Printf("  sshfs -o %s %s@127.0.0.1:%s MOUNTPOINT\n", sshfsOpts(e, port, ""), e.server.User, b.data)
+	}
+	fmt.Println("\nCtrl-C ends the rig (unmount first).")
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	<-sig
 }

@@ -216,11 +216,16 @@ type entry struct {
 	st   *Store
 	path string
 
-	mu        sync.Mutex
-	rec       record // spans include those not yet synced
-	f         *os.File
-	refs      int
-	valid     bool   // rec describes the file on the server (false while being written)
+	mu    sync.Mutex
+	rec   record // spans include those not yet synced
+	f     *os.File
+	refs  int
+	valid bool // rec describes the file on the server (false while being written)
+	// mine: while being written, the spans hold the file as it was plus this mount's
+	// writes since, in order — what the server will hold once they are acknowledged,
+	// so the writer's own reads are served from them (a compiler's assembler reads
+	// back what it wrote).
+	mine      bool
 	dirty     bool   // rec differs from the database
 	gen       uint64 // bumped when a write begins: a sync in flight must not commit
 	persisted bool   // the database has a record for the path
@@ -325,6 +330,7 @@ func (st *Store) acquireOffline(p string) *entry {
 // reader the kernel serves straight from it (passthrough) keeps the old content.
 func (e *entry) resetLocked() {
 	e.gen++ // a commit in flight names the data dropped here
+	e.mine = false
 	if e.f != nil {
 		e.f.Close()
 		e.f = nil
@@ -358,7 +364,13 @@ func (e *entry) fileLocked() (*os.File, error) {
 	if e.mem != nil {
 		return e.memToFileLocked(p)
 	}
-	f, err := os.OpenFile(p, os.O_RDWR, 0o600)
+	flags := os.O_RDWR
+	if e.rec.Spans == nil {
+		// Nothing in it is named: a file left by a crash must not show through
+		// the holes of this version (holdsExactlyLocked counts them as zeros).
+		flags |= os.O_TRUNC
+	}
+	f, err := os.OpenFile(p, flags, 0o600)
 	if errors.Is(err, os.ErrNotExist) {
 		// A record whose data file is gone (removed by hand, or by a reset that
 		// crashed before its record went) names nothing: holes would read as zeros.
@@ -378,7 +390,7 @@ func (e *entry) fileLocked() (*os.File, error) {
 func (e *entry) readAt(p []byte, off int64) (n int, ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.valid {
+	if !e.valid && !e.mine {
 		return 0, false
 	}
 	end := min(off+int64(len(p)), e.rec.Size)
@@ -416,20 +428,35 @@ func (e *entry) fill(p []byte, off int64) {
 	e.storeLocked(p, off)
 }
 
-func (e *entry) storeLocked(p []byte, off int64) {
+// storeLocked keeps p at off and reports whether it did.
+func (e *entry) storeLocked(p []byte, off int64) bool {
 	if !e.keepInMemLocked(p, off) {
 		f, err := e.fileLocked()
 		if err != nil {
-			return
+			return false
 		}
 		if _, err := f.WriteAt(p, off); err != nil {
-			return // a full disk: the data stays uncached
+			return false // a full disk: the data stays uncached
 		}
 	}
+	e.addSpanLocked(off, off+int64(len(p)))
+	return true
+}
+
+func (e *entry) addSpanLocked(off, end int64) {
 	before := e.rec.Spans.bytes()
-	e.rec.Spans = e.rec.Spans.add(off, off+int64(len(p)))
+	e.rec.Spans = e.rec.Spans.add(off, end)
 	e.st.used.Add(e.rec.Spans.bytes() - before)
 	e.dirty = true
+}
+
+// holdsExactlyLocked reports whether the entry holds the whole file and nothing past
+// its end. Past the end, the data file then has only holes and the in-memory copy
+// nothing (fileLocked, keepInMemLocked), so what a write past the end or a truncate
+// up leaves between the old end and the new bytes reads as the zeros the server
+// holds there.
+func (e *entry) holdsExactlyLocked() bool {
+	return e.rec.Spans.covers(0, e.rec.Size) && e.rec.Spans.bytes() == e.rec.Size
 }
 
 // keepInMemLocked keeps p at off in e.mem if e is a small file with no data file yet,
@@ -500,7 +527,7 @@ func (e *entry) changeLocked() bool {
 	if e.detached {
 		// What it holds is no longer the file's content: its holders read from
 		// the server from now on.
-		e.valid = false
+		e.valid, e.mine = false, false
 		return false
 	}
 	if e.beginWriteLocked() != nil {
@@ -510,15 +537,22 @@ func (e *entry) changeLocked() bool {
 	return true
 }
 
-// write stores data written through muxfs, so that it is cached too.
+// write stores data written through muxfs, so that it is cached too. A file held
+// whole stays whole when the write leaves a hole past its end (an assembler or a
+// linker writes its sections out of order): the next open is served from the cache.
 func (e *entry) write(p []byte, off int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if !e.changeLocked() {
 		return
 	}
-	e.storeLocked(p, off)
+	end := e.rec.Size
+	hole := off > end && e.holdsExactlyLocked()
+	if e.storeLocked(p, off) && hole {
+		e.addSpanLocked(end, off)
+	}
 	e.rec.Size = max(e.rec.Size, off+int64(len(p)))
+	e.mine = true
 }
 
 // truncate follows a size change made through muxfs.
@@ -526,6 +560,11 @@ func (e *entry) truncate(size int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if !e.changeLocked() {
+		return
+	}
+	e.mine = true
+	if size > e.rec.Size && e.holdsExactlyLocked() && e.growLocked(size) {
+		e.rec.Size = size
 		return
 	}
 	ok := true
@@ -552,6 +591,19 @@ func (e *entry) truncate(size int64) {
 	e.dirty = true
 }
 
+// growLocked extends a file held exactly to size with zeros, and reports whether it
+// did: the in-memory copy grows within its bound, else the data file gets a hole.
+func (e *entry) growLocked(size int64) bool {
+	if !e.keepInMemLocked(nil, size) {
+		f, err := e.fileLocked()
+		if err != nil || f.Truncate(size) != nil {
+			return false
+		}
+	}
+	e.addSpanLocked(e.rec.Size, size)
+	return true
+}
+
 // written records the server's attributes after every write so far was acknowledged:
 // the cached data is the file's content at that size and mtime.
 func (e *entry) written(a backend.Attr) {
@@ -565,7 +617,7 @@ func (e *entry) written(a backend.Attr) {
 		e.resetLocked()
 	}
 	e.rec.Size, e.rec.Mtime = a.Size, a.Mtime.UnixNano()
-	e.valid, e.dirty = true, true
+	e.valid, e.dirty, e.mine = true, true, false
 }
 
 // release ends a use of the entry. An entry left invalid (writes whose outcome is not

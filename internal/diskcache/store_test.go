@@ -624,3 +624,126 @@ func TestSmallFileHeldUntilCommit(t *testing.T) {
 		t.Errorf("reads after the remount fetched %d bytes from the server", n)
 	}
 }
+
+// An assembler writes its object file out of order, leaving holes that it never
+// writes, and reads back parts of it while writing. Those reads are served from what
+// was written (no server read, no wait for the writes), and the file, holes included,
+// is held whole afterwards: the linker's open is served from the cache.
+func TestWrittenWithHolesStaysWhole(t *testing.T) {
+	c, s, cb, remote := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	ctx := context.Background()
+	f, err := s.Open(ctx, "a.o", os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, 26664)
+	write := func(off int, p []byte) {
+		t.Helper()
+		if _, err := f.WriteAt(ctx, p, int64(off)); err != nil {
+			t.Fatal(err)
+		}
+		copy(want[off:], p)
+	}
+	write(18944, data(1760, 3))
+	buf := make([]byte, 16384)
+	if n, err := f.ReadAt(ctx, buf, 0); n != len(buf) || err != nil || !bytes.Equal(buf, want[:16384]) {
+		t.Fatalf("read back of the hole: %d bytes, %v", n, err)
+	}
+	write(64, data(12454, 4))   // leaves [12518, 12544) unwritten
+	write(12544, data(6000, 5)) // leaves nothing: up to 18544, then [18544, 18944) unwritten
+	write(20704, data(4800, 6))
+	write(0, data(64, 7))
+	write(25640, data(1024, 8))
+	if n, err := f.ReadAt(ctx, buf[:4096], 20480); n != 4096 || err != nil || !bytes.Equal(buf[:4096], want[20480:24576]) {
+		t.Fatalf("read back of written data: %d bytes, %v", n, err)
+	}
+	if cb.read.Load() != 0 {
+		t.Errorf("the writer's reads fetched %d bytes from the server", cb.read.Load())
+	}
+	if _, err := f.Stat(ctx); err != nil { // as close(2) does
+		t.Fatal(err)
+	}
+	f.Close(ctx) //nolint:errcheck
+	if got, _ := os.ReadFile(filepath.Join(remote, "a.o")); !bytes.Equal(got, want) {
+		t.Fatal("the server's copy differs")
+	}
+
+	g, err := s.Open(ctx, "a.o", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close(ctx) //nolint:errcheck
+	if _, ok := g.(*cachedFile); !ok {
+		t.Errorf("the written file is opened on the server (%T), not from the cache", g)
+	}
+	fd, ok := g.(interface{ PassthroughFd() (int, bool) }).PassthroughFd()
+	if !ok {
+		t.Fatal("the written file is not offered for passthrough")
+	}
+	got := make([]byte, len(want)+10)
+	if n, _ := syscall.Pread(fd, got, 0); n != len(want) || !bytes.Equal(got[:n], want) {
+		t.Errorf("the cache file holds %d bytes that differ from the file", n)
+	}
+	if cb.read.Load() != 0 {
+		t.Errorf("%d bytes fetched from the server", cb.read.Load())
+	}
+}
+
+// A truncate up of a file held whole leaves it whole, its new bytes zeros; a data
+// file left behind by a crash never shows through the holes.
+func TestTruncateUpStaysWhole(t *testing.T) {
+	for _, size := range []int{1000, memFileMax + 4096} {
+		c, s, cb, remote := setup(t, t.TempDir(), Options{})
+		ctx := context.Background()
+		// Leftover data where the file's data file will be.
+		stale := s.st.dataPath("t")
+		os.MkdirAll(filepath.Dir(stale), 0o700)                        //nolint:errcheck
+		os.WriteFile(stale, bytes.Repeat([]byte{0xee}, 2*size), 0o600) //nolint:errcheck
+		f, err := s.Open(ctx, "t", os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteAt(ctx, []byte("head"), 0)                                          //nolint:errcheck
+		f.SetAttr(ctx, backend.SetAttr{Valid: backend.SetSize, Size: int64(size)}) //nolint:errcheck
+		f.WriteAt(ctx, []byte("tail"), int64(size)+100)                            //nolint:errcheck
+		f.Stat(ctx)                                                                //nolint:errcheck
+		f.Close(ctx)                                                               //nolint:errcheck
+		want, _ := os.ReadFile(filepath.Join(remote, "t"))
+		if len(want) != size+104 || !bytes.Equal(want[4:size], make([]byte, size-4)) {
+			t.Fatalf("size %d: the server's file is not as written", size)
+		}
+		if got := readAll(t, s, "t"); !bytes.Equal(got, want) {
+			t.Errorf("size %d: the cached file differs from the server's", size)
+		}
+		if cb.read.Load() != 0 {
+			t.Errorf("size %d: %d bytes fetched from the server", size, cb.read.Load())
+		}
+		c.Close()
+	}
+}
+
+// A data file left by a crash at a new file's place never shows through the holes of
+// what is written there.
+func TestLeftoverDataFileNeverShows(t *testing.T) {
+	c, s, cb, remote := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	ctx := context.Background()
+	stale := s.st.dataPath("big")
+	os.MkdirAll(filepath.Dir(stale), 0o700)                              //nolint:errcheck
+	os.WriteFile(stale, bytes.Repeat([]byte{0xee}, 2*memFileMax), 0o600) //nolint:errcheck
+	f, err := s.Open(ctx, "big", os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt(ctx, []byte("far"), memFileMax+100) //nolint:errcheck // too far out to be held in memory
+	f.Stat(ctx)                                   //nolint:errcheck
+	f.Close(ctx)                                  //nolint:errcheck
+	want, _ := os.ReadFile(filepath.Join(remote, "big"))
+	if got := readAll(t, s, "big"); !bytes.Equal(got, want) {
+		t.Error("the cached file differs from the server's")
+	}
+	if cb.read.Load() != 0 {
+		t.Errorf("%d bytes fetched from the server", cb.read.Load())
+	}
+}
