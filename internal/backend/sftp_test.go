@@ -342,3 +342,45 @@ func TestExtensionsLearntLater(t *testing.T) {
 		t.Error("learnt extensions were not kept")
 	}
 }
+
+// TestCreateTriesExclusive: a create not asked to be exclusive is made exclusive when
+// the name is missing (no identity check to wait for before the first write), and is
+// made as asked when the name exists (truncated, checked).
+func TestCreateTriesExclusive(t *testing.T) {
+	s, dir := newTestSFTP(t)
+	ctx := context.Background()
+	f, err := s.Open(ctx, "new.o", os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sf := f.(*sftpFile); sf.check != nil || !sf.created {
+		t.Error("a create of a missing name waits for an identity check")
+	}
+	f.WriteAt(ctx, []byte("new"), 0) //nolint:errcheck
+	if err := f.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	os.WriteFile(dir+"/old", []byte("old content"), 0o600) //nolint:errcheck
+	f, err = s.Open(ctx, "old", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatalf("create over an existing file: %v", err)
+	}
+	if sf := f.(*sftpFile); sf.created {
+		t.Error("an existing file counts as created by this open")
+	}
+	f.WriteAt(ctx, []byte("x"), 0) //nolint:errcheck
+	if err := f.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(dir + "/old"); string(b) != "x" {
+		t.Errorf("existing file not truncated: %q", b)
+	}
+	if st, _ := os.Stat(dir + "/old"); st.Mode().Perm() != 0o600 {
+		t.Errorf("existing file's mode changed to %v", st.Mode().Perm())
+	}
+	os.Symlink("old", dir+"/link") //nolint:errcheck
+	if _, err := s.Open(ctx, "link", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644); err == nil {
+		t.Error("a create through a symlink was not refused")
+	}
+}

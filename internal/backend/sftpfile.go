@@ -37,7 +37,13 @@ func (s *SFTP) Statfs(ctx context.Context, p string) (Statfs, error) {
 
 func (s *SFTP) Open(ctx context.Context, p string, flags int, mode uint32) (File, error) {
 	readOnly := flags&(os.O_WRONLY|os.O_RDWR) == 0
-	created := flags&(os.O_CREATE|os.O_EXCL) == os.O_CREATE|os.O_EXCL
+	// A create that was not asked to be exclusive is tried exclusive first: the
+	// kernel asks to create only names it found missing, and an exclusive create
+	// follows no symlink, so its handle needs no identity check — the first write
+	// (a compiler's, a cp's, a shell redirection's) then waits for nothing. Where
+	// the name exists after all, or the exclusive open fails for another reason,
+	// the open is made as asked.
+	tryExcl := flags&(os.O_CREATE|os.O_EXCL) == os.O_CREATE
 	var a sftp.Attrs
 	if flags&os.O_CREATE != 0 {
 		a = sftp.Attrs{Flags: sftp.AttrPermissions, Mode: mode & 07777}
@@ -51,10 +57,19 @@ func (s *SFTP) Open(ctx context.Context, p string, flags int, mode uint32) (File
 			// non-exclusive one might open someone else's. Report the loss instead.
 			return fmt.Errorf("connection lost during an exclusive create: %w", syscall.EIO)
 		}
+		if tryExcl && !retried {
+			// Not on a retry: the lost attempt may have created the file.
+			fl |= os.O_EXCL
+		}
 		h, at, err := c.OpenAndLstat(ctx, m.abs(p), openFlags(fl), a)
+		if err != nil && fl != flags && !connLost(err) {
+			fl = flags
+			h, at, err = c.OpenAndLstat(ctx, m.abs(p), openFlags(fl), a)
+		}
 		if err != nil {
 			return err
 		}
+		created := fl&(os.O_CREATE|os.O_EXCL) == os.O_CREATE|os.O_EXCL
 		f = &sftpFile{s: s, path: p, flags: flags, readOnly: readOnly, created: created,
 			opened: attrFromSFTP(at), lstat: at, cur: handle{m: m, c: c, h: h}}
 		if created {
