@@ -56,12 +56,15 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		fuseFlags |= fuse.FOPEN_KEEP_CACHE
 	}
 	pf, _ := f.(passthroughFder)
-	if pf != nil && !writes(fl) {
+	if pf != nil && (writes(fl) || f.OpenedAttr().Size < passthroughMin) {
+		pf = nil
+	}
+	if pf != nil {
 		if _, ok := pf.PassthroughFd(); !ok {
 			pf = nil
 		}
 	}
-	mode := n.openMode(pf != nil && !writes(fl), f.OpenedAttr())
+	mode := n.openMode(pf != nil, f.OpenedAttr())
 	h.mode = mode
 	switch mode {
 	case modePassthrough:
@@ -110,6 +113,17 @@ func (n *node) closedMode(mode int) {
 		n.ptOpen--
 	}
 }
+
+// passthroughMin: smaller files are read through the page cache even when the
+// persistent cache could hand them to the kernel whole. Every passthrough read marks
+// the inode's access time stale in the kernel (fuse_file_accessed), so the next stat
+// of the file — a compiler's of each header it includes again, a second grep's of
+// each file — is a GETATTR request, and each open registers and drops a backing file
+// (two ioctls). A small file read through the page cache costs one READ, served from
+// the persistent cache, once; later opens keep its pages and send no READ and no
+// GETATTR. Larger files keep passthrough: their reads would otherwise cross /dev/fuse
+// 128 KiB at a time.
+const passthroughMin = 1 << 20
 
 // passthroughFder is a backend file that may offer the kernel a local file holding its
 // whole content (the persistent cache).

@@ -26,6 +26,42 @@ func requestsSince(t *testing.T, f *os.File, op string, from int64) int {
 	return strings.Count(string(b[from:]), ": "+op+" ")
 }
 
+// mountLogged mounts b in this process with go-fuse's request log (Debug) going to
+// the returned file, and minute-long kernel caches. It is unmounted, and the standard
+// logger given back, when the test ends.
+func mountLogged(t *testing.T, b backend.Backend) (mp string, reqs *os.File) {
+	t.Helper()
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+	mp = t.TempDir()
+	table, err := mux.NewTable([]*mux.Layer{{Path: "/", Branches: []*mux.Branch{{Backend: b}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// go-fuse's request log goes to the standard logger; a file takes its
+	// concurrent writes as they come.
+	reqs, err = os.Create(filepath.Join(t.TempDir(), "requests.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.SetOutput(reqs)
+	server, err := New(table, slog.New(slog.DiscardHandler)).Mount(mp, Options{
+		Debug: true, EntryTimeout: time.Minute, AttrTimeout: time.Minute,
+	})
+	if err != nil {
+		log.SetOutput(os.Stderr)
+		reqs.Close()
+		t.Skipf("cannot mount here: %v", err)
+	}
+	t.Cleanup(func() {
+		server.Unmount() //nolint:errcheck
+		log.SetOutput(os.Stderr)
+		reqs.Close()
+	})
+	return mp, reqs
+}
+
 func logSize(t *testing.T, f *os.File) int64 {
 	t.Helper()
 	st, err := f.Stat()
@@ -40,34 +76,12 @@ func logSize(t *testing.T, f *os.File) int64 {
 // (tar: every file it extracts) costs no further request. go-fuse's bridge gives
 // SETATTR answers no validity of their own.
 func TestSetattrKeepsAttributes(t *testing.T) {
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse")
-	}
-	root, mp := t.TempDir(), t.TempDir()
+	root := t.TempDir()
 	local, err := backend.NewLocal(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	table, err := mux.NewTable([]*mux.Layer{{Path: "/", Branches: []*mux.Branch{{Backend: local}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// go-fuse's request log (Debug) goes to the standard logger; a file takes its
-	// concurrent writes as they come.
-	reqs, err := os.Create(filepath.Join(t.TempDir(), "requests.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reqs.Close()
-	log.SetOutput(reqs)
-	defer log.SetOutput(os.Stderr)
-	server, err := New(table, slog.New(slog.DiscardHandler)).Mount(mp, Options{
-		Debug: true, EntryTimeout: time.Minute, AttrTimeout: time.Minute,
-	})
-	if err != nil {
-		t.Skipf("cannot mount here: %v", err)
-	}
-	defer server.Unmount() //nolint:errcheck
+	mp, reqs := mountLogged(t, local)
 
 	f, err := os.Create(filepath.Join(mp, "f"))
 	if err != nil {
