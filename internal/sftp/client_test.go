@@ -428,3 +428,117 @@ func FuzzHandshake(f *testing.F) {
 		sr.Close()
 	})
 }
+
+// countingWriter counts the write(2)s that reach the server's pipe.
+type countingWriter struct {
+	io.WriteCloser
+	mu    sync.Mutex
+	calls int
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	w.calls++
+	w.mu.Unlock()
+	return w.WriteCloser.Write(p)
+}
+
+func (w *countingWriter) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.calls
+}
+
+// TestDeferredRequests: requests nobody waits for yet (writes, attribute changes,
+// closes, an OPEN before its LSTAT) go out with the next request someone waits for,
+// in one write(2) and in order; alone, they go out within deferDelay; a wait for one
+// sends it at once.
+func TestDeferredRequests(t *testing.T) {
+	if _, err := os.Stat(sftpServer); err != nil {
+		t.Skip("OpenSSH sftp-server not installed (apt-get install openssh-server)")
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(sftpServer, "-e", "-l", "ERROR")
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w := &countingWriter{WriteCloser: stdin}
+	c, err := NewClient(context.Background(), stdout, w, closerFunc(func() error { stdin.Close(); return cmd.Wait() }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	p := filepath.Join(dir, "f")
+
+	before := w.count()
+	h, _, err := c.OpenAndLstat(ctx, p, FlagWrite|FlagCreate|FlagExcl, Attrs{Flags: AttrPermissions, Mode: 0o600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := w.count() - before; n != 1 {
+		t.Errorf("OPEN and LSTAT took %d writes, want 1", n)
+	}
+	before = w.count()
+	var pending []*PendingWrite
+	for i, s := range []string{"ab", "cd", "ef"} {
+		pw, err := c.StartWrite(h, []byte(s), int64(2*i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pending = append(pending, pw)
+	}
+	pw, err := c.StartFsetstat(h, Attrs{Flags: AttrPermissions, Mode: 0o640})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending = append(pending, pw)
+	a, err := c.Fstat(ctx, h) // sent behind them, so it sees them all
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := w.count() - before; n != 1 {
+		t.Errorf("three writes, an fsetstat and an fstat took %d writes, want 1", n)
+	}
+	if a.Size != 6 || a.Mode&0o777 != 0o640 {
+		t.Errorf("fstat behind the deferred requests saw size %d mode %o", a.Size, a.Mode&0o777)
+	}
+	for _, pw := range pending {
+		if err := pw.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Alone, a deferred write reaches the server without anyone waiting.
+	if _, err := c.StartWrite(h, []byte("gh"), 6); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for b, _ := os.ReadFile(p); string(b) != "abcdefgh"; b, _ = os.ReadFile(p) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a deferred write alone never reached the server: %q", b)
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	// A wait sends at once: with no timer to send it, it would never return.
+	defer func(d time.Duration) { deferDelay = d }(deferDelay)
+	deferDelay = time.Hour
+	time.Sleep(10 * time.Millisecond) // the timer armed above has fired
+	pw, err = c.StartWrite(h, []byte("ij"), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pw.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.CloseAsync(h)
+	if err := c.Mkdir(ctx, filepath.Join(dir, "d"), Attrs{}); err != nil { // carries the CLOSE
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(p); string(b) != "abcdefghij" {
+		t.Errorf("file holds %q", b)
+	}
+}
