@@ -170,7 +170,7 @@ func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (ba
 	if !s.data {
 		return f, nil
 	}
-	return &file{File: f, e: s.st.acquire(p, f.OpenedAttr()), writing: w, s: s}, nil
+	return &file{File: f, e: s.st.acquire(p, f.OpenedAttr()), writing: w, appending: flags&os.O_APPEND != 0, s: s}, nil
 }
 
 // file is an open remote file whose contents go through the cache.
@@ -178,7 +178,11 @@ type file struct {
 	backend.File
 	e        *entry
 	writing  bool
-	prefetch bool // opened by the content prefetch, not by a user
+	// appending: the server puts each write at its end of the file, which may not be
+	// the offset the kernel gave (another client appended): the writer's reads are
+	// not served from what it wrote.
+	appending bool
+	prefetch  bool // opened by the content prefetch, not by a user
 	once     sync.Once
 	s        *Source
 	reads    readTracker
@@ -253,7 +257,7 @@ func (s *Source) noteRead(e *entry, r *readTracker, off int64, n int) (random bo
 func (f *file) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	n, err := f.File.WriteAt(ctx, p, off)
 	if n > 0 {
-		f.e.write(p[:n], off)
+		f.e.write(p[:n], off, !f.appending)
 	}
 	return n, err
 }

@@ -226,6 +226,7 @@ type entry struct {
 	// so the writer's own reads are served from them (a compiler's assembler reads
 	// back what it wrote).
 	mine      bool
+	appended  bool   // an append since: its data may not be where the server put it
 	dirty     bool   // rec differs from the database
 	gen       uint64 // bumped when a write begins: a sync in flight must not commit
 	persisted bool   // the database has a record for the path
@@ -330,7 +331,7 @@ func (st *Store) acquireOffline(p string) *entry {
 // reader the kernel serves straight from it (passthrough) keeps the old content.
 func (e *entry) resetLocked() {
 	e.gen++ // a commit in flight names the data dropped here
-	e.mine = false
+	e.mine, e.appended = false, false
 	if e.f != nil {
 		e.f.Close()
 		e.f = nil
@@ -540,7 +541,9 @@ func (e *entry) changeLocked() bool {
 // write stores data written through muxfs, so that it is cached too. A file held
 // whole stays whole when the write leaves a hole past its end (an assembler or a
 // linker writes its sections out of order): the next open is served from the cache.
-func (e *entry) write(p []byte, off int64) {
+// placed: the server puts the data at off (not so for an append); only then are the
+// writer's reads served from it before the server confirms the file's size.
+func (e *entry) write(p []byte, off int64, placed bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if !e.changeLocked() {
@@ -552,7 +555,11 @@ func (e *entry) write(p []byte, off int64) {
 		e.addSpanLocked(end, off)
 	}
 	e.rec.Size = max(e.rec.Size, off+int64(len(p)))
-	e.mine = true
+	if placed {
+		e.mine = !e.appended
+	} else {
+		e.mine, e.appended = false, true
+	}
 }
 
 // truncate follows a size change made through muxfs.
@@ -562,7 +569,7 @@ func (e *entry) truncate(size int64) {
 	if !e.changeLocked() {
 		return
 	}
-	e.mine = true
+	e.mine = !e.appended
 	if size > e.rec.Size && e.holdsExactlyLocked() && e.growLocked(size) {
 		e.rec.Size = size
 		return
@@ -617,7 +624,7 @@ func (e *entry) written(a backend.Attr) {
 		e.resetLocked()
 	}
 	e.rec.Size, e.rec.Mtime = a.Size, a.Mtime.UnixNano()
-	e.valid, e.dirty, e.mine = true, true, false
+	e.valid, e.dirty, e.mine, e.appended = true, true, false, false
 }
 
 // release ends a use of the entry. An entry left invalid (writes whose outcome is not

@@ -733,3 +733,32 @@ func TestHolesPastTheEnd(t *testing.T) {
 		c.Close()
 	}
 }
+
+// An append lands at the server's end of the file, which another client may have
+// moved: the appender's reads are not served from where the cache put the data.
+func TestAppendReadsFromServer(t *testing.T) {
+	c, s, _, remote := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	ctx := context.Background()
+	p := filepath.Join(remote, "log")
+	os.WriteFile(p, []byte("abc"), 0o644)        //nolint:errcheck
+	os.Chtimes(p, time.Now(), time.Unix(1e9, 0)) //nolint:errcheck
+	readAll(t, s, "log")                         // cached whole
+	f, err := s.Open(ctx, "log", os.O_RDWR|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close(ctx) //nolint:errcheck
+	other, _ := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+	other.Write([]byte("XYZ")) //nolint:errcheck // another client appends
+	other.Close()
+	if _, err := f.WriteAt(ctx, []byte("def"), 3); err != nil { // the kernel's idea of the end
+		t.Fatal(err)
+	}
+	buf := make([]byte, 9)
+	n, _ := f.ReadAt(ctx, buf, 0)
+	want, _ := os.ReadFile(p)
+	if !bytes.Equal(buf[:n], want[:n]) {
+		t.Errorf("the appender read %q; the server holds %q", buf[:n], want)
+	}
+}
