@@ -21,6 +21,12 @@ const sftpServer = "/usr/lib/openssh/sftp-server"
 // serve starts OpenSSH's sftp-server on pipes (no ssh needed) and returns a client.
 func serve(t *testing.T) (*Client, string) {
 	t.Helper()
+	return serveThrough(t, func(w io.WriteCloser) io.Writer { return w })
+}
+
+// serveThrough is serve with the client writing to the server's input through wrap.
+func serveThrough(t *testing.T, wrap func(io.WriteCloser) io.Writer) (*Client, string) {
+	t.Helper()
 	if _, err := os.Stat(sftpServer); err != nil {
 		t.Skip("OpenSSH sftp-server not installed (apt-get install openssh-server)")
 	}
@@ -32,7 +38,7 @@ func serve(t *testing.T) (*Client, string) {
 		t.Fatal(err)
 	}
 	closer := closerFunc(func() error { stdin.Close(); return cmd.Wait() })
-	c, err := NewClient(context.Background(), stdout, stdin, closer)
+	c, err := NewClient(context.Background(), stdout, wrap(stdin), closer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,22 +460,11 @@ func (w *countingWriter) count() int {
 // in one write(2) and in order; alone, they go out within deferDelay; a wait for one
 // sends it at once.
 func TestDeferredRequests(t *testing.T) {
-	if _, err := os.Stat(sftpServer); err != nil {
-		t.Skip("OpenSSH sftp-server not installed (apt-get install openssh-server)")
-	}
-	dir := t.TempDir()
-	cmd := exec.Command(sftpServer, "-e", "-l", "ERROR")
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	w := &countingWriter{WriteCloser: stdin}
-	c, err := NewClient(context.Background(), stdout, w, closerFunc(func() error { stdin.Close(); return cmd.Wait() }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	var w *countingWriter
+	c, dir := serveThrough(t, func(in io.WriteCloser) io.Writer {
+		w = &countingWriter{WriteCloser: in}
+		return w
+	})
 	ctx := context.Background()
 	p := filepath.Join(dir, "f")
 
