@@ -88,7 +88,9 @@ type Backend interface {
 	Lstat(ctx context.Context, path string) (Attr, error)
 	ReadDir(ctx context.Context, path string) ([]Entry, error)
 	Readlink(ctx context.Context, path string) (string, error)
-	Mkdir(ctx context.Context, path string, mode uint32) error
+	// Mkdir creates a directory and returns its attributes (one round trip where the
+	// protocol pipelines; the caller needs them for the kernel's new entry).
+	Mkdir(ctx context.Context, path string, mode uint32) (Attr, error)
 	Rmdir(ctx context.Context, path string) error
 	Unlink(ctx context.Context, path string) error
 	// Rename replaces an existing destination, as rename(2) does.

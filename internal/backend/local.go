@@ -95,8 +95,11 @@ func (l *Local) Readlink(_ context.Context, p string) (string, error) {
 	return s, l.wrap("readlink", p, err)
 }
 
-func (l *Local) Mkdir(_ context.Context, p string, mode uint32) error {
-	return l.wrap("mkdir", p, unix.Mkdir(l.abs(p), mode&07777))
+func (l *Local) Mkdir(ctx context.Context, p string, mode uint32) (Attr, error) {
+	if err := l.wrap("mkdir", p, unix.Mkdir(l.abs(p), mode&07777)); err != nil {
+		return Attr{}, err
+	}
+	return l.Lstat(ctx, p)
 }
 
 func (l *Local) Rmdir(_ context.Context, p string) error {

@@ -100,7 +100,7 @@ func TestReadsAndLookupsSurviveLostConnection(t *testing.T) {
 	if a, err := s.Lstat(ctx, "data"); err != nil || a.Size != int64(len(want)) {
 		t.Fatalf("lstat after kill: %+v, %v", a, err)
 	}
-	if err := s.Mkdir(ctx, "d", 0o755); err != nil {
+	if _, err := s.Mkdir(ctx, "d", 0o755); err != nil {
 		t.Fatalf("mkdir after kill: %v", err)
 	}
 }

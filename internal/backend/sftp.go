@@ -501,11 +501,20 @@ func (s *SFTP) missing(p string) bool {
 	return !ok
 }
 
-func (s *SFTP) Mkdir(ctx context.Context, p string, mode uint32) error {
+func (s *SFTP) Mkdir(ctx context.Context, p string, mode uint32) (Attr, error) {
+	var at sftp.Attrs
+	made := false
 	err := s.change(ctx, func(ctx context.Context, m *member, c *sftp.Client) error {
-		return c.Mkdir(ctx, m.abs(p), sftp.Attrs{Flags: sftp.AttrPermissions, Mode: mode & 07777})
+		var err error
+		at, err = c.MkdirAndLstat(ctx, m.abs(p), sftp.Attrs{Flags: sftp.AttrPermissions, Mode: mode & 07777})
+		made = err == nil
+		return err
 	}, func() bool { return s.isType(p, syscall.S_IFDIR) })
-	return s.fail(ctx, "mkdir", p, err, func() syscall.Errno { return s.existsErr(p) })
+	if err == nil && !made {
+		// Made by an attempt whose answer was lost: ask for the attributes.
+		return s.Lstat(ctx, p)
+	}
+	return attrFromSFTP(at), s.fail(ctx, "mkdir", p, err, func() syscall.Errno { return s.existsErr(p) })
 }
 
 func (s *SFTP) Rmdir(ctx context.Context, p string) error {

@@ -540,13 +540,17 @@ func (s *Source) changedTree(p string) {
 	}
 }
 
-func (s *Source) Mkdir(ctx context.Context, p string, mode uint32) error {
-	err := s.Backend.Mkdir(ctx, p, mode)
+func (s *Source) Mkdir(ctx context.Context, p string, mode uint32) (backend.Attr, error) {
+	a, err := s.Backend.Mkdir(ctx, p, mode)
 	s.changed(p)
 	if err == nil {
-		s.meta.MadeDir(s.id, p, time.Now())
+		// The server's attributes of the new directory, just taken: later lookups
+		// need no request.
+		now := time.Now()
+		s.meta.MadeDir(s.id, p, now)
+		s.meta.putAttr(s.id, p, a, false, now, s.meta.stamp(s.id, p))
 	}
-	return err
+	return a, err
 }
 
 func (s *Source) Rmdir(ctx context.Context, p string) error {

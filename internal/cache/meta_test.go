@@ -76,7 +76,7 @@ func TestChangesInvalidate(t *testing.T) {
 		t.Errorf("size after a write: %d", a.Size)
 	}
 	f.Close(ctx) //nolint:errcheck
-	if err := s.Mkdir(ctx, "d", 0o755); err != nil {
+	if _, err := s.Mkdir(ctx, "d", 0o755); err != nil {
 		t.Fatal(err)
 	}
 	s.ReadDir(ctx, "d")                  //nolint:errcheck
@@ -375,5 +375,24 @@ func TestListingExpiryReported(t *testing.T) {
 	}
 	if _, err := s.ReadDir(context.Background(), ""); err != nil {
 		t.Errorf("without a collector: %v", err)
+	}
+}
+
+// A directory made through the cache comes with its attributes: looking it up and
+// listing it afterwards asks the source nothing.
+func TestMkdirKeepsAttributes(t *testing.T) {
+	s, c, _ := newSource(t, time.Minute, nil)
+	ctx := context.Background()
+	made, err := s.Mkdir(ctx, "m", 0o750)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.Lstat(ctx, "m")
+	if err != nil || !a.IsDir() || a.Mode&0o777 != made.Mode&0o777 || !a.Mtime.Equal(made.Mtime) {
+		t.Errorf("lookup after mkdir: %+v, %v; mkdir answered %+v", a, err, made)
+	}
+	s.ReadDir(ctx, "m") //nolint:errcheck
+	if n, m := c.lstats.Load(), c.readdirs.Load(); n != 0 || m != 0 {
+		t.Errorf("after mkdir, %d LSTATs and %d READDIRs reached the source", n, m)
 	}
 }

@@ -81,9 +81,9 @@ func (s *Source) readOnlyNow(op, p string) error {
 		Cause: errors.New("the source is offline: its cached files are read-only until it is back")}
 }
 
-func (s *Source) Mkdir(ctx context.Context, p string, mode uint32) error {
+func (s *Source) Mkdir(ctx context.Context, p string, mode uint32) (backend.Attr, error) {
 	if err := s.readOnlyNow("mkdir", p); err != nil {
-		return err
+		return backend.Attr{}, err
 	}
 	return s.Backend.Mkdir(ctx, p, mode)
 }

@@ -267,10 +267,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, errno
 	}
 	b := l.Branches[idx].Backend
-	if err := b.Mkdir(ctx, rel, mode); err != nil {
-		return nil, n.fsys.toErrno(err)
-	}
-	a, err := b.Lstat(ctx, rel)
+	a, err := b.Mkdir(ctx, rel, mode)
 	if err != nil {
 		return nil, n.fsys.toErrno(err)
 	}

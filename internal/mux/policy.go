@@ -83,7 +83,7 @@ func (l *Layer) withParent(ctx context.Context, i int, relParent string, parentD
 				mode = a.Mode & 0o7777
 			}
 		}
-		if err := dst.Mkdir(ctx, missing[j], mode); err != nil && backend.ToErrno(err) != syscall.EEXIST {
+		if _, err := dst.Mkdir(ctx, missing[j], mode); err != nil && backend.ToErrno(err) != syscall.EEXIST {
 			return -1, err
 		}
 	}

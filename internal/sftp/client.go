@@ -868,6 +868,32 @@ func (c *Client) Mkdir(ctx context.Context, path string, a Attrs) error {
 	return c.simple(ctx, "mkdir", b, id, path)
 }
 
+// MkdirAndLstat creates a directory like Mkdir and, pipelined behind the MKDIR, lstats
+// it: the new directory's attributes in one round trip.
+func (c *Client) MkdirAndLstat(ctx context.Context, path string, a Attrs) (Attrs, error) {
+	b, id := c.pathRequest(fxpMkdir, path)
+	b.attrs(&a)
+	mkdirCall, err := c.startDeferred(b, id) // goes out with the LSTAT
+	if err != nil {
+		return Attrs{}, err
+	}
+	lb, lid := c.pathRequest(fxpLstat, path)
+	lstatCall, lerr := c.start(lb, lid)
+	r, err := mkdirCall.wait(ctx)
+	if err == nil {
+		err = status(r, "mkdir", path)
+	}
+	var la Attrs
+	if lerr == nil {
+		lr, werr := lstatCall.wait(ctx)
+		la, lerr = parseAttrs(lr, werr, "lstat", path)
+	}
+	if err != nil {
+		return Attrs{}, err
+	}
+	return la, lerr
+}
+
 // Rmdir removes an empty directory.
 func (c *Client) Rmdir(ctx context.Context, path string) error {
 	b, id := c.pathRequest(fxpRmdir, path)

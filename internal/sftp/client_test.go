@@ -536,4 +536,18 @@ func TestDeferredRequests(t *testing.T) {
 	if b, _ := os.ReadFile(p); string(b) != "abcdefghij" {
 		t.Errorf("file holds %q", b)
 	}
+
+	// MKDIR and its LSTAT: one write, one round trip; an existing name is an error
+	// although the LSTAT finds it.
+	before = w.count()
+	a, err = c.MkdirAndLstat(ctx, filepath.Join(dir, "e"), Attrs{Flags: AttrPermissions, Mode: 0o750})
+	if err != nil || a.Mode&0o777 != 0o750 || a.Mode&0o170000 != 0o040000 {
+		t.Errorf("mkdir and lstat: mode %o, %v", a.Mode, err)
+	}
+	if n := w.count() - before; n != 1 {
+		t.Errorf("MKDIR and LSTAT took %d writes, want 1", n)
+	}
+	if _, err := c.MkdirAndLstat(ctx, filepath.Join(dir, "e"), Attrs{}); err == nil {
+		t.Error("mkdir of an existing directory succeeded")
+	}
 }
