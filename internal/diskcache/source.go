@@ -176,16 +176,16 @@ func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (ba
 // file is an open remote file whose contents go through the cache.
 type file struct {
 	backend.File
-	e        *entry
-	writing  bool
+	e       *entry
+	writing bool
 	// appending: the server puts each write at its end of the file, which may not be
 	// the offset the kernel gave (another client appended): the writer's reads are
 	// not served from what it wrote.
 	appending bool
 	prefetch  bool // opened by the content prefetch, not by a user
-	once     sync.Once
-	s        *Source
-	reads    readTracker
+	once      sync.Once
+	s         *Source
+	reads     readTracker
 }
 
 func (f *file) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
