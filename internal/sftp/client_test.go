@@ -124,7 +124,7 @@ func TestFileRoundTrip(t *testing.T) {
 func TestNamespaceOps(t *testing.T) {
 	c, dir := serve(t)
 	ctx := context.Background()
-	if err := c.Mkdir(ctx, dir+"/d", Attrs{Flags: AttrPermissions, Mode: 0o700}); err != nil {
+	if _, err := c.MkdirAndLstat(ctx, dir+"/d", Attrs{Flags: AttrPermissions, Mode: 0o700}); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := os.Stat(dir + "/d"); st.Mode().Perm() != 0o700 {
@@ -530,7 +530,7 @@ func TestDeferredRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.CloseAsync(h)
-	if err := c.Mkdir(ctx, filepath.Join(dir, "d"), Attrs{}); err != nil { // carries the CLOSE
+	if _, err := c.MkdirAndLstat(ctx, filepath.Join(dir, "d"), Attrs{}); err != nil { // carries the CLOSE
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(p); string(b) != "abcdefghij" {
