@@ -31,6 +31,10 @@ func loadLog(file string) (*store, error) {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		line := sc.Text()
+		if _, fs, ok := strings.Cut(line, " filesystem: "); ok {
+			s.fs = fs
+			continue
+		}
 		if m := repLine.FindStringSubmatch(line); m != nil {
 			rtt, err := time.ParseDuration(m[1])
 			if err != nil {

@@ -44,6 +44,7 @@ func main() {
 		keep     = flag.Bool("keep", false, "keep the working directory")
 		fromLog  = flag.String("from-log", "", "write the report from this run log instead of measuring")
 		notes    = flag.String("notes", "", "markdown file appended to the report (the analysis)")
+		fsGiB    = flag.Int("fs-gib", 32, "size of the ext4 image the bench's files live on (sparse); 0: the temporary directory's own file system")
 		serve    = flag.Bool("serve", false, "set up the server, delay proxies and data, print how to mount each system, and wait for Ctrl-C (a rig for profiling by hand)")
 	)
 	flag.Parse()
@@ -86,6 +87,18 @@ func main() {
 	if !*keep {
 		defer os.RemoveAll(root)
 	}
+	fs := ""
+	if *fsGiB > 0 {
+		undo, err := fsImage(root, *fsGiB)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fs = fsNote
+		log.Printf("filesystem: %s", fs)
+		if !*keep {
+			defer undo()
+		}
+	}
 	bin := *muxfsBin
 	if bin == "" {
 		bin = filepath.Join(root, "muxfs")
@@ -99,6 +112,7 @@ func main() {
 	}
 	defer e.close()
 	b := &bench{env: e, reps: *reps, seqMiB: *seqMiB, data: filepath.Join(root, "data"), results: newStore()}
+	b.results.fs = fs
 	if err := b.prepare(); err != nil {
 		log.Fatal(err)
 	}

@@ -5,6 +5,7 @@ package cache
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path"
 	"slices"
 	"strings"
@@ -30,6 +31,11 @@ type Meta struct {
 	attrs   map[key]attrEntry
 	dirs    map[key]*dirEntry
 	entries int // attrs plus listed names
+	// kids indexes the paths that hold entries, and their ancestors, by parent
+	// directory, so that InvalidateTree visits a subtree only: scanning every entry
+	// at each rmdir, under mu, made an rm -rf quadratic in the cache's size.
+	kids    map[key]map[string]struct{}
+	sources map[int]struct{} // the sources with entries, for InvalidateTree(-1, ...)
 	flight  singleflight.Group
 
 	// gens are bumped by every invalidation (hashed by path): an answer fetched while
@@ -75,7 +81,62 @@ type dirEntry struct {
 
 // NewMeta returns an empty cache.
 func NewMeta(ttl time.Duration) *Meta {
-	return &Meta{TTL: ttl, MaxEntries: 500_000, attrs: map[key]attrEntry{}, dirs: map[key]*dirEntry{}}
+	return &Meta{TTL: ttl, MaxEntries: 500_000, attrs: map[key]attrEntry{}, dirs: map[key]*dirEntry{},
+		kids: map[key]map[string]struct{}{}, sources: map[int]struct{}{}}
+}
+
+// indexLocked adds k's path, and those of its ancestors not there yet, to kids.
+func (m *Meta) indexLocked(k key) {
+	m.sources[k.source] = struct{}{}
+	for p := k.path; p != ""; {
+		dir := parent(p)
+		pk := key{k.source, dir}
+		s := m.kids[pk]
+		if s == nil {
+			s = map[string]struct{}{}
+			m.kids[pk] = s
+		}
+		if _, in := s[p]; in {
+			return
+		}
+		s[p] = struct{}{}
+		p = dir
+	}
+}
+
+// unindexLocked removes k's path from kids once nothing is cached at or below it, and
+// then its ancestors that are left empty.
+func (m *Meta) unindexLocked(k key) {
+	for k.path != "" {
+		if _, in := m.attrs[k]; in {
+			return
+		}
+		if _, in := m.dirs[k]; in {
+			return
+		}
+		if len(m.kids[k]) > 0 {
+			return
+		}
+		pk := key{k.source, parent(k.path)}
+		s := m.kids[pk]
+		delete(s, k.path)
+		if len(s) > 0 {
+			return
+		}
+		delete(m.kids, pk)
+		k = pk
+	}
+}
+
+// subtreeLocked returns the keys of p and of every indexed path below it.
+func (m *Meta) subtreeLocked(source int, p string) []key {
+	keys := []key{{source, p}}
+	for i := 0; i < len(keys); i++ {
+		for c := range m.kids[keys[i]] {
+			keys = append(keys, key{source, c})
+		}
+	}
+	return keys
 }
 
 func parentOf(p string) (dir, name string) {
@@ -120,6 +181,7 @@ func (m *Meta) putAttr(source int, p string, a backend.Attr, missing bool, now t
 	k := key{source, p}
 	if _, had := m.attrs[k]; !had {
 		m.entries++
+		m.indexLocked(k)
 	}
 	m.attrs[k] = attrEntry{attr: a, missing: missing, expires: now.Add(m.TTL)}
 	m.trimLocked(now)
@@ -147,6 +209,8 @@ func (m *Meta) putListing(source int, p string, list []backend.Entry, now time.T
 	k := key{source, p}
 	if old, had := m.dirs[k]; had {
 		m.entries -= len(old.list)
+	} else {
+		m.indexLocked(k)
 	}
 	m.dirs[k] = &dirEntry{list: list, byName: byName, expires: now.Add(m.TTL)}
 	m.entries += len(list)
@@ -161,14 +225,12 @@ func (m *Meta) trimLocked(now time.Time) {
 	}
 	for k, e := range m.attrs {
 		if !now.Before(e.expires) || m.entries > m.MaxEntries/2 {
-			delete(m.attrs, k)
-			m.entries--
+			m.dropAttrLocked(k)
 		}
 	}
 	for k, d := range m.dirs {
 		if !now.Before(d.expires) || m.entries > m.MaxEntries/2 {
-			delete(m.dirs, k)
-			m.entries -= len(d.list)
+			m.dropListingLocked(k)
 		}
 	}
 }
@@ -247,13 +309,23 @@ func (m *Meta) MadeDir(source int, p string, now time.Time) {
 }
 
 func (m *Meta) dropLocked(k key) {
+	m.dropAttrLocked(k)
+	m.dropListingLocked(k)
+}
+
+func (m *Meta) dropAttrLocked(k key) {
 	if _, had := m.attrs[k]; had {
 		delete(m.attrs, k)
 		m.entries--
+		m.unindexLocked(k)
 	}
+}
+
+func (m *Meta) dropListingLocked(k key) {
 	if d, had := m.dirs[k]; had {
 		delete(m.dirs, k)
 		m.entries -= len(d.list)
+		m.unindexLocked(k)
 	}
 }
 
@@ -264,26 +336,17 @@ func (m *Meta) InvalidateTree(source int, p string) {
 	for i := range m.gens {
 		m.gens[i]++
 	}
-	under := func(k key) bool {
-		return (source < 0 || k.source == source) &&
-			(p == "" || k.path == p || strings.HasPrefix(k.path, p+"/"))
+	sources := []int{source}
+	if source < 0 {
+		sources = slices.Collect(maps.Keys(m.sources))
 	}
-	for k := range m.attrs {
-		if under(k) {
+	for _, src := range sources {
+		for _, k := range m.subtreeLocked(src, p) {
 			m.dropLocked(k)
 		}
-	}
-	for k := range m.dirs {
-		if under(k) {
-			m.dropLocked(k)
-		}
-	}
-	if p != "" {
-		dir, _ := parentOf(p)
-		for k := range m.dirs {
-			if k.path == dir && (source < 0 || k.source == source) {
-				m.dropLocked(k)
-			}
+		if p != "" {
+			// The parent's listing named p; its attributes are still right.
+			m.dropListingLocked(key{src, parent(p)})
 		}
 	}
 }

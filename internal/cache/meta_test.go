@@ -2,6 +2,7 @@ package cache
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -394,5 +395,66 @@ func TestMkdirKeepsAttributes(t *testing.T) {
 	s.ReadDir(ctx, "m") //nolint:errcheck
 	if n, m := c.lstats.Load(), c.readdirs.Load(); n != 0 || m != 0 {
 		t.Errorf("after mkdir, %d LSTATs and %d READDIRs reached the source", n, m)
+	}
+}
+
+func TestInvalidateTree(t *testing.T) {
+	m := NewMeta(time.Minute)
+	now := time.Now()
+	put := func(src int, p string) { m.putAttr(src, p, backend.Attr{}, false, now, m.stamp(src, p)) }
+	list := func(src int, p string) { m.putListing(src, p, []backend.Entry{{Name: "x"}}, now, m.stamp(src, p)) }
+	for _, src := range []int{0, 1} {
+		put(src, "p")
+		list(src, "p")
+		put(src, "p/a")
+		list(src, "p/a")
+		put(src, "p/a/b/c/d") // nothing cached at p/a/b or p/a/b/c
+		list(src, "p/a/b/c")
+		put(src, "p/ab") // shares p/a's prefix, not its subtree
+		put(src, "q")
+	}
+	has := func(src int, p string) (attr, listing bool) {
+		_, attr = m.attrs[key{src, p}]
+		_, listing = m.dirs[key{src, p}]
+		return
+	}
+	m.InvalidateTree(0, "p/a")
+	for _, p := range []string{"p/a", "p/a/b/c/d", "p/a/b/c"} {
+		if a, l := has(0, p); a || l {
+			t.Errorf("%s still cached after its tree was dropped", p)
+		}
+		if a, l := has(1, p); !a && !l {
+			t.Errorf("%s of the other source dropped", p)
+		}
+	}
+	if a, l := has(0, "p"); !a || l {
+		t.Errorf("parent: attributes kept %v (want true), listing kept %v (want false)", a, l)
+	}
+	if a, _ := has(0, "p/ab"); !a {
+		t.Error("p/ab dropped with p/a")
+	}
+	m.InvalidateTree(-1, "")
+	if len(m.attrs)+len(m.dirs) != 0 || m.entries != 0 {
+		t.Errorf("left after dropping everything: %d attributes, %d listings, count %d", len(m.attrs), len(m.dirs), m.entries)
+	}
+	if len(m.kids) != 0 {
+		t.Errorf("index not emptied: %v", m.kids)
+	}
+}
+
+// BenchmarkRmdirInBigCache is an rmdir's invalidation with 200,000 entries cached
+// elsewhere: it must not depend on them.
+func BenchmarkRmdirInBigCache(b *testing.B) {
+	m := NewMeta(time.Hour)
+	now := time.Now()
+	for i := 0; i < 200_000; i++ {
+		p := fmt.Sprintf("big/d%d/f%d", i/100, i)
+		m.putAttr(0, p, backend.Attr{}, false, now, m.stamp(0, p))
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		p := fmt.Sprintf("gone/d%d", i)
+		m.MadeDir(0, p, now)
+		m.InvalidateTree(0, p)
 	}
 }

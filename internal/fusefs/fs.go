@@ -94,8 +94,9 @@ func (f *FS) Mount(mountpoint string, o Options) (*fuse.Server, error) {
 			FsName:     o.FsName,
 			Name:       "muxfs",
 			Options:    fuseOpts,
-			// 1 MiB requests: fewer round trips through the kernel for big I/O, and a
-			// kernel read-ahead to match, so sequential reads arrive in large pieces.
+			// 1 MiB requests: fewer round trips through the kernel for big I/O. The
+			// read-ahead asked for is capped by the kernel's offer at mount (128 KiB,
+			// the new mount's default); muxfs' own read-ahead does the rest (design.md).
 			MaxWrite:     1 << 20,
 			MaxReadAhead: 1 << 20,
 			// With splice on, go-fuse 2.12 logs a line for every 1 MiB read.
