@@ -142,6 +142,7 @@ type sftpFile struct {
 
 	wb writeBehind
 	ra readAhead
+	st stripe
 }
 
 func (f *sftpFile) handle() handle {
@@ -484,6 +485,7 @@ func (f *sftpFile) Close(ctx context.Context) error {
 	ctx, cancel := f.s.deadline(ctx)
 	defer cancel()
 	f.ra.reset()
+	f.closeExtra()
 	if f.readOnly || f.checked(ctx) != nil {
 		h := f.handle()
 		h.c.CloseAsync(h.h)

@@ -295,7 +295,7 @@ type Pool struct {
 
 	mu         sync.Mutex
 	sessions   []*session
-	opening    bool // a background open of an extra session is under way
+	opening    int // background opens of extra sessions under way
 	closed     bool
 	refs       int
 	dialing    bool          // the reconnect loop is running
@@ -466,8 +466,8 @@ func (p *Pool) Get(ctx context.Context) (*sftp.Client, error) {
 		}
 		best := p.pruneLocked()
 		if best != nil {
-			if best.InFlight() > 0 && len(p.sessions) < p.ep.MaxConns && !p.opening {
-				p.opening = true
+			if best.InFlight() > 0 && len(p.sessions) < p.ep.MaxConns && p.opening == 0 {
+				p.opening++
 				go p.openMore()
 			}
 			p.mu.Unlock()
@@ -649,7 +649,7 @@ func (p *Pool) openMore() {
 	s, err := startSession(context.Background(), p.ep, false, p.log)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.opening = false
+	p.opening--
 	if err != nil {
 		// Worth a warning only while the server is otherwise reachable (a key that
 		// needs a passphrase, a session limit); a server going away is reported by
@@ -664,4 +664,36 @@ func (p *Pool) openMore() {
 		return
 	}
 	p.sessions = append(p.sessions, s)
+}
+
+// MinRTT is the shortest round trip seen on any of the pool's sessions (0: none yet).
+func (p *Pool) MinRTT() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var best time.Duration
+	for _, s := range p.sessions {
+		if d := s.client.MinRTT(); d > 0 && (best == 0 || d < best) {
+			best = d
+		}
+	}
+	return best
+}
+
+// spare returns the least busy live session that in does not hold, or nil; with none,
+// the pool is filled up (in parallel: a striped read waits for them) for next time.
+func (p *Pool) spare(in func(*sftp.Client) bool) *sftp.Client {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pruneLocked()
+	var best *sftp.Client
+	for _, s := range p.sessions {
+		if !in(s.client) && (best == nil || s.client.InFlight() < best.InFlight()) {
+			best = s.client
+		}
+	}
+	for n := len(p.sessions) + p.opening; best == nil && n < p.ep.MaxConns && !p.closed; n++ {
+		p.opening++
+		go p.openMore()
+	}
+	return best
 }

@@ -9,6 +9,7 @@ type SourceStatus struct {
 	Errors   int64          `json:"errors"`
 	Retries  int64          `json:"retries"`  // requests sent again after a lost connection
 	Reopened int64          `json:"reopened"` // open files moved to a new session
+	Striped  int64          `json:"striped"`  // extra sessions a big read went through (stripe.go)
 	Members  []MemberStatus `json:"members,omitempty"`
 
 	// Filled in above the backend: where the source is mounted and its memory cache.
@@ -51,7 +52,7 @@ func (s *SFTP) State() State {
 }
 
 func (s *SFTP) Status() SourceStatus {
-	st := SourceStatus{Source: s.name, Errors: s.errs.Load(), Retries: s.retries.Load(), Reopened: s.reopened.Load()}
+	st := SourceStatus{Source: s.name, Errors: s.errs.Load(), Retries: s.retries.Load(), Reopened: s.reopened.Load(), Striped: s.striped.Load()}
 	up := 0
 	w := int(s.writer.Load())
 	for i, m := range s.members {

@@ -237,6 +237,7 @@ type readAhead struct {
 	next   int64      // end of the furthest read so far
 	window int
 	eofAt  int64 // a chunk found the end of the file here; -1 if unknown
+	turn   int   // which handle requests the next chunk, when striped
 }
 
 type raChunk struct {
@@ -333,7 +334,7 @@ func (f *sftpFile) readAt(ctx context.Context, h handle, p []byte, off int64) (i
 		if pos < 0 {
 			break // a gap before this chunk: read it directly
 		}
-		if c.sess != h.c {
+		if c.sess.Err() != nil {
 			break // sent on a session since lost
 		}
 		data, err := c.wait(ctx)
@@ -378,36 +379,43 @@ func (f *sftpFile) readAt(ctx context.Context, h handle, p []byte, off int64) (i
 		return 0, err
 	}
 	if near {
-		ra.fillLocked(h)
+		ra.fillLocked(f.readHandles(h, ra.window))
 	}
 	return n, nil
 }
 
-// fillLocked grows the window and requests chunks up to next+window.
-func (ra *readAhead) fillLocked(h handle) {
+// fillLocked grows the window and requests chunks up to next+window, dealt over hs
+// in turn (one handle, or a striped file's; the window is readAheadMax per handle).
+func (ra *readAhead) fillLocked(hs []handle) {
 	if ra.window == 0 {
 		ra.window = readAheadStart
 	} else {
-		ra.window = min(ra.window*2, readAheadMax)
+		ra.window = min(ra.window*2, readAheadMax*len(hs))
 	}
 	from := ra.next
 	if k := len(ra.chunks); k > 0 {
 		from = max(from, ra.chunks[k-1].off+int64(ra.chunks[k-1].size))
 		if ra.chunks[k-1].off+int64(ra.chunks[k-1].size) < ra.next {
-			ra.dropLocked() // the stream overtook the chunks
-			ra.window = readAheadStart
+			// The stream overtook the chunks: its reads are larger than the window,
+			// which goes on growing (starting over would keep it below them).
+			w := ra.window
+			ra.dropLocked()
+			ra.window = w
 			from = ra.next
 		}
 	}
-	step := h.c.MaxRead
-	for ; from < ra.next+int64(ra.window); from += int64(step) {
+	for from < ra.next+int64(ra.window) {
 		if ra.eofAt >= 0 && from >= ra.eofAt {
 			return
 		}
+		h := hs[ra.turn%len(hs)]
+		ra.turn++
+		step := h.c.MaxRead
 		pr, err := h.c.StartRead(h.h, step, from)
 		if err != nil {
 			return
 		}
 		ra.chunks = append(ra.chunks, &raChunk{off: from, size: step, sess: h.c, pr: pr})
+		from += int64(step)
 	}
 }

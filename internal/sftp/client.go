@@ -43,6 +43,7 @@ type Client struct {
 	// none was outstanding (unix nanoseconds): the stall watchdog's clock.
 	lastActive atomic.Int64
 	rtt        atomic.Int64 // smoothed round-trip time of small requests, ns
+	minRTT     atomic.Int64 // the smallest seen, ns: the link's, without queueing
 	bytesIn    atomic.Int64 // file data received (READ replies)
 	bytesOut   atomic.Int64 // file data sent (WRITE requests)
 
@@ -395,6 +396,9 @@ func (c *Client) roundTrip(ctx context.Context, b *buffer, id uint32) (response,
 		} else {
 			c.rtt.Store(old + (d-old)/8)
 		}
+		if old := c.minRTT.Load(); old == 0 || d < old {
+			c.minRTT.Store(d)
+		}
 	}
 	return r, err
 }
@@ -405,6 +409,10 @@ type Stats struct {
 	RTT               time.Duration
 	BytesIn, BytesOut int64
 }
+
+// MinRTT is the shortest round trip a request took on the session (0: none yet): the
+// link's own delay, where the smoothed RTT also counts time queued behind bulk data.
+func (c *Client) MinRTT() time.Duration { return time.Duration(c.minRTT.Load()) }
 
 // Stats returns the session's counters.
 func (c *Client) Stats() Stats {
