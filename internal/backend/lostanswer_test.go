@@ -55,7 +55,7 @@ func loseMkdirAnswer(marker string) {
 			os.Exit(0)
 		}
 		const fxpMkdir = 14
-		if p[4] == fxpMkdir {
+		if len(p) > 4 && p[4] == fxpMkdir {
 			if f, err := os.OpenFile(marker, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600); err == nil {
 				f.Close()
 				close(lost)
