@@ -679,8 +679,12 @@ func (p *Pool) MinRTT() time.Duration {
 	return best
 }
 
+// maxOpening bounds the handshakes under way at once: sshd's MaxStartups (10 by
+// default) refuses connections beyond its limit of unauthenticated ones.
+const maxOpening = 3
+
 // spare returns the least busy live session that in does not hold, or nil; with none,
-// the pool is filled up (in parallel: a striped read waits for them) for next time.
+// the pool is filled up (several at once: a striped read waits for them) for next time.
 func (p *Pool) spare(in func(*sftp.Client) bool) *sftp.Client {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -691,7 +695,7 @@ func (p *Pool) spare(in func(*sftp.Client) bool) *sftp.Client {
 			best = s.client
 		}
 	}
-	for n := len(p.sessions) + p.opening; best == nil && n < p.ep.MaxConns && !p.closed; n++ {
+	for n := len(p.sessions) + p.opening; best == nil && n < p.ep.MaxConns && p.opening < maxOpening && !p.closed; n++ {
 		p.opening++
 		go p.openMore()
 	}

@@ -28,6 +28,16 @@ func layer(t *testing.T, n int, policy string) (*Layer, []string) {
 	return l, dirs
 }
 
+// fixedFree is a branch whose file system reports free bytes.
+type fixedFree struct {
+	backend.Backend
+	free uint64
+}
+
+func (f fixedFree) Statfs(context.Context, string) (backend.Statfs, error) {
+	return backend.Statfs{Bsize: 1, Bavail: f.free}, nil
+}
+
 func put(t *testing.T, p string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -94,9 +104,24 @@ func TestPlace(t *testing.T) {
 	})
 	t.Run("mfs and epmfs", func(t *testing.T) {
 		l, _ := layer(t, 2, config.PolicyMFS)
-		// Same file system: equal free space, the first wins ties.
+		// Fixed free space: two directories of one file system report what it has
+		// at each call, and other tests running meanwhile change it.
+		free := func(a, b uint64) {
+			for i, n := range []uint64{a, b} {
+				br := l.Branches[i]
+				if f, ok := br.Backend.(fixedFree); ok {
+					br.Backend = f.Backend
+				}
+				br.Backend = fixedFree{br.Backend, n}
+			}
+		}
+		free(100, 100)
 		if i, err := l.Place(ctx, "", []int{0, 1}); err != nil || i != 0 {
-			t.Errorf("mfs tie: %d %v", i, err)
+			t.Errorf("mfs tie: %d %v, want the first", i, err)
+		}
+		free(100, 200)
+		if i, err := l.Place(ctx, "", []int{0, 1}); err != nil || i != 1 {
+			t.Errorf("mfs with more free on 1: %d %v", i, err)
 		}
 		l.Policy = config.PolicyEPMFS
 		if i, err := l.Place(ctx, "", []int{1}); err != nil || i != 1 {
