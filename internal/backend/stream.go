@@ -243,7 +243,6 @@ type readAhead struct {
 type raChunk struct {
 	off  int64
 	size int
-	sess *sftp.Client // the session it was requested on
 	pr   *sftp.PendingRead
 	once sync.Once
 	data []byte
@@ -334,9 +333,8 @@ func (f *sftpFile) readAt(ctx context.Context, h handle, p []byte, off int64) (i
 		if pos < 0 {
 			break // a gap before this chunk: read it directly
 		}
-		if c.sess.Err() != nil {
-			break // sent on a session since lost
-		}
+		// A chunk whose session was lost gives its error (and a direct read on
+		// the current handle follows).
 		data, err := c.wait(ctx)
 		if err != nil && err != io.EOF {
 			break
@@ -415,7 +413,7 @@ func (ra *readAhead) fillLocked(hs []handle) {
 		if err != nil {
 			return
 		}
-		ra.chunks = append(ra.chunks, &raChunk{off: from, size: step, sess: h.c, pr: pr})
+		ra.chunks = append(ra.chunks, &raChunk{off: from, size: step, pr: pr})
 		from += int64(step)
 	}
 }

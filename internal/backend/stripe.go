@@ -27,10 +27,13 @@ const (
 
 // stripe holds the extra handles of a file read through several sessions.
 type stripe struct {
-	mu      sync.Mutex
-	extra   []handle
-	opening map[*sftp.Client]bool // sessions an extra handle is being opened on (nil key: choosing one)
-	closed  bool
+	mu sync.Mutex
+	// decided: whether the link is slow enough (slow) was asked of the pool once,
+	// not at every read.
+	decided, slow bool
+	extra         []handle
+	opening       map[*sftp.Client]bool // sessions an extra handle is being opened on (nil key: choosing one)
+	closed        bool
 }
 
 // readHandles returns the handles a read-ahead deals its chunks over: h, and the live
@@ -41,11 +44,15 @@ func (f *sftpFile) readHandles(h handle, window int) []handle {
 	if !f.readOnly || window < stripeAfter || f.opened.Size < stripeMinSize {
 		return hs
 	}
-	if rtt := h.m.pool.MinRTT(); rtt == 0 || rtt < stripeMinRTT {
-		return hs
-	}
 	f.st.mu.Lock()
 	defer f.st.mu.Unlock()
+	if !f.st.decided {
+		rtt := h.m.pool.MinRTT()
+		f.st.decided, f.st.slow = true, rtt > 0 && rtt >= stripeMinRTT
+	}
+	if !f.st.slow {
+		return hs
+	}
 	live := f.st.extra[:0]
 	for _, x := range f.st.extra {
 		switch {

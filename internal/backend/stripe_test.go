@@ -124,3 +124,31 @@ func TestReadAheadGrowsWithLargeReads(t *testing.T) {
 		t.Errorf("read-ahead window %d after 24 reads of 1 MiB, want %d", sf.ra.window, readAheadMax)
 	}
 }
+
+// TestSpareOpensFewAtOnce: a pool filled up for a striped read starts at most
+// maxOpening handshakes at once (sshd refuses connections beyond MaxStartups), and
+// more once those are done.
+func TestSpareOpensFewAtOnce(t *testing.T) {
+	pool := newTestPool(t, "")
+	pool.ep.MaxConns = 8
+	none := func(*sftp.Client) bool { return true } // every session is in use
+	if c := pool.spare(none); c != nil {
+		t.Fatal("spare returned a session that was to be excluded")
+	}
+	pool.mu.Lock()
+	started := len(pool.sessions) + pool.opening - 1 // one session came with Dial
+	pool.mu.Unlock()
+	if started != maxOpening {
+		t.Errorf("%d sessions started at once for 7 missing, want %d", started, maxOpening)
+	}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		pool.spare(none)
+		pool.mu.Lock()
+		n := len(pool.sessions)
+		pool.mu.Unlock()
+		if n == pool.ep.MaxConns {
+			return
+		}
+	}
+	t.Error("the pool was not filled up")
+}

@@ -555,11 +555,8 @@ func (e *entry) write(p []byte, off int64, placed bool) {
 		e.addSpanLocked(end, off)
 	}
 	e.rec.Size = max(e.rec.Size, off+int64(len(p)))
-	if placed {
-		e.mine = !e.appended
-	} else {
-		e.mine, e.appended = false, true
-	}
+	e.appended = e.appended || !placed
+	e.mine = !e.appended
 }
 
 // truncate follows a size change made through muxfs.
