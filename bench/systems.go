@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -15,7 +16,13 @@ import (
 type system struct {
 	name  string
 	local bool // the directory itself: the limit
-	// mount mounts remote dir at mp, reaching the server on port.
+	// muxfs: muxfs, mounted with opts (its -o options beyond the bench's own).
+	muxfs bool
+	opts  []string
+	// only, if set, names the workloads the system is measured in (no row elsewhere).
+	only []string
+	// mount mounts remote dir at mp, reaching the server on port (muxfs systems are
+	// mounted by session.mount).
 	mount func(e *env, port int, dir, mp string) error
 }
 
@@ -38,7 +45,10 @@ var systems = []system{
 	}},
 	{name: "rclone", mount: func(e *env, port int, dir, mp string) error { return rcloneMount(e, port, dir, mp, "off") }},
 	{name: "rclone-full", mount: func(e *env, port int, dir, mp string) error { return rcloneMount(e, port, dir, mp, "full") }},
-	{name: "muxfs", mount: func(e *env, port int, dir, mp string) error { return muxfsMount(e, port, dir, mp) }},
+	{name: "muxfs", muxfs: true},
+	// Close-to-open off (opt-in): what muxfs does for a walk of opens without a
+	// round trip at each.
+	{name: "muxfs-nocto", muxfs: true, opts: []string{"nocto"}, only: []string{"tree", "build", "warm"}},
 }
 
 // muxfsMount mounts muxfs with its defaults and its persistent cache in the bench's
@@ -128,14 +138,22 @@ func (s *session) remount() error {
 		return nil
 	}
 	unmount(s.mp)
-	if s.sys.name == "muxfs" {
+	if s.sys.muxfs {
 		os.RemoveAll(s.e.muxfsCache()) //nolint:errcheck // cold means nothing cached
 	}
 	dropCaches()
-	if err := s.sys.mount(s.e, s.port, s.dir, s.mp); err != nil {
+	if err := s.mount(); err != nil {
 		return err
 	}
 	return waitMounted(s.mp)
+}
+
+// mount mounts the session's system; extra are more muxfs -o options.
+func (s *session) mount(extra ...string) error {
+	if s.sys.muxfs {
+		return muxfsMount(s.e, s.port, s.dir, s.mp, append(slices.Clone(s.sys.opts), extra...)...)
+	}
+	return s.sys.mount(s.e, s.port, s.dir, s.mp)
 }
 
 // remountKeeping is a fresh mount with dropped page caches that keeps muxfs'
@@ -148,13 +166,7 @@ func (s *session) remountKeeping(extra ...string) error {
 	}
 	unmount(s.mp)
 	dropCaches()
-	var err error
-	if s.sys.name == "muxfs" {
-		err = muxfsMount(s.e, s.port, s.dir, s.mp, extra...)
-	} else {
-		err = s.sys.mount(s.e, s.port, s.dir, s.mp)
-	}
-	if err != nil {
+	if err := s.mount(extra...); err != nil {
 		return err
 	}
 	return waitMounted(s.mp)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -51,16 +52,20 @@ var workloads = []workload{
 	{name: "build", desc: "build Lua 5.4 (a real C project, Debian's source) with make -j2, sources and objects on the mount; cold = fresh mount and dropped caches, hot = make clean and build again",
 		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: buildWorkload},
 	{name: "cache", desc: "the FS-Cache seed's table: a 256 MiB file read with fio (1 MiB records) from a fresh mount with dropped page caches — with muxfs' persistent cache off (`-o cache=memory`), with it on and empty (cold), after a remount with it full (hot: FUSE passthrough), and again at once (page cache); local is the file read with dropped caches, then again",
-		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: cacheWorkload, skip: onlyLocalAndMuxfs},
+		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: cacheWorkload, skip: onlyLocalAndMuxfs("muxfs")},
 	{name: "warm", desc: "the source tree and the Lua build right after a remount with a warm persistent cache and dropped page caches (each command first run once to fill the cache); local runs each with dropped caches",
-		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: warmWorkload, skip: onlyLocalAndMuxfs},
+		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: warmWorkload, skip: onlyLocalAndMuxfs("muxfs", "muxfs-nocto")},
 }
 
-func onlyLocalAndMuxfs(sys string, _ time.Duration) string {
-	if sys != "local" && sys != "muxfs" {
-		return "measures muxfs' persistent cache against the local disk only"
+// onlyLocalAndMuxfs skips every system but local and the muxfs variants named: the
+// workload measures muxfs' persistent cache against the local disk.
+func onlyLocalAndMuxfs(variants ...string) func(string, time.Duration) string {
+	return func(sys string, _ time.Duration) string {
+		if sys != "local" && !slices.Contains(variants, sys) {
+			return "measures muxfs' persistent cache against the local disk only"
+		}
+		return ""
 	}
-	return ""
 }
 
 // cacheWorkload is the FS-Cache seed's table for one big file.

@@ -120,6 +120,26 @@ func TestPersistentCacheAcrossRemount(t *testing.T) {
 	unmountAndWait(t, mp, cmd)
 }
 
+// TestNoCTO: with -o nocto an open of a file the cache holds whole asks the server
+// nothing while the file's attributes are younger than cache_timeout — a change made
+// on the server shows only after it, as on sshfs — and the default (close-to-open)
+// shows it at the next open.
+func TestNoCTO(t *testing.T) {
+	e := newEnv(t, 1)
+	serverFile(t, e.data[0]+"/f", []byte("version 1"))
+	mp := e.mountpoint()
+	e.mountAt(mp, e.source(0, ""), "--cache-dir", filepath.Join(e.tmp, "cache"), "-o", "nocto,cache_timeout=4")
+	readString(t, mp+"/f")
+	serverFile(t, e.data[0]+"/f", []byte("version 2, longer"))
+	if got := readString(t, mp+"/f"); got != "version 1" {
+		t.Errorf("nocto, within cache_timeout: %q; want the cached %q (no request at open)", got, "version 1")
+	}
+	time.Sleep(4500 * time.Millisecond)
+	if got := readString(t, mp+"/f"); got != "version 2, longer" {
+		t.Errorf("nocto, after cache_timeout: %q", got)
+	}
+}
+
 // TestCacheEviction: with -o cache_max_size the cache stays within the limit,
 // evicting the least recently used files.
 func TestCacheEviction(t *testing.T) {

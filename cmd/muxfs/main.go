@@ -37,6 +37,8 @@ Mount options (-o name[=value],...; sshfs names where the meaning is the same):
                          memory: nothing on disk; off (or no): no caches
   cache_timeout=S        how long cached metadata is trusted (default 20)
   dir_cache=yes|no       list subdirectories ahead of a walk (default yes)
+  nocto                  opens trust metadata younger than cache_timeout instead of
+                         asking the server (as sshfs; default: close-to-open)
   cache_dir=DIR          persistent cache directory (same as --cache-dir)
   cache_max_size=SIZE    file data kept on disk (default 10G; 0: no limit)
   fetch_whole=SIZE       fetch files read at random whole (default 256M; 0: off)

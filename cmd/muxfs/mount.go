@@ -349,6 +349,7 @@ func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger, bac
 			}
 			if meta != nil {
 				ss.cache = cache.Wrap(b, id, meta, prefetch)
+				ss.cache.SetNoCTO(cfg.Options.NoCTO)
 				if ss.disk != nil {
 					ss.cache.SetPersist(ss.disk.Persister(), offline)
 				}

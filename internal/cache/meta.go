@@ -73,6 +73,9 @@ type dirEntry struct {
 	list    []backend.Entry
 	byName  map[string]int
 	expires time.Time
+	// seen is when the source gave the listing: a stored listing answered at its first
+	// use in a mount is fresh for the TTL, but it is as old as it is (Meta.recent).
+	seen time.Time
 	// dirty names are being changed through muxfs (written to): the listing still
 	// says they exist, but their attributes must be asked for, and the listing is not
 	// given out whole until it is fetched again.
@@ -172,6 +175,28 @@ func (m *Meta) lookup(source int, p string, now time.Time) (a backend.Attr, foun
 	return backend.Attr{}, false, false
 }
 
+// recent answers like lookup, for an existing name only, and only with attributes the
+// source gave within the TTL — not a stored listing's, answered at its first use in a
+// mount however old it is. With close-to-open off (nocto), an open trusts them.
+func (m *Meta) recent(source int, p string, now time.Time) (backend.Attr, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// Attributes are stored as the source answers them: fresh while unexpired.
+	if e, hit := m.attrs[key{source, p}]; hit && now.Before(e.expires) {
+		return e.attr, !e.missing
+	}
+	if p == "" {
+		return backend.Attr{}, false
+	}
+	dir, name := parentOf(p)
+	if d, hit := m.dirs[key{source, dir}]; hit && now.Before(d.expires) && now.Sub(d.seen) < m.TTL {
+		if i, in := d.byName[name]; in && !d.dirty[name] {
+			return d.list[i].Attr, true
+		}
+	}
+	return backend.Attr{}, false
+}
+
 func (m *Meta) putAttr(source int, p string, a backend.Attr, missing bool, now time.Time, stamp uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -196,7 +221,8 @@ func (m *Meta) listing(source int, p string, now time.Time) (list []backend.Entr
 	return nil, time.Time{}, false
 }
 
-func (m *Meta) putListing(source int, p string, list []backend.Entry, now time.Time, stamp uint64) {
+// putListing caches a listing for the TTL from now; seen is when the source gave it.
+func (m *Meta) putListing(source int, p string, list []backend.Entry, now, seen time.Time, stamp uint64) {
 	byName := make(map[string]int, len(list))
 	for i, e := range list {
 		byName[e.Name] = i
@@ -212,7 +238,7 @@ func (m *Meta) putListing(source int, p string, list []backend.Entry, now time.T
 	} else {
 		m.indexLocked(k)
 	}
-	m.dirs[k] = &dirEntry{list: list, byName: byName, expires: now.Add(m.TTL)}
+	m.dirs[k] = &dirEntry{list: list, byName: byName, expires: now.Add(m.TTL), seen: seen}
 	m.entries += len(list)
 	m.trimLocked(now)
 }
@@ -305,7 +331,7 @@ func (m *Meta) Dirtied(source int, p string) {
 
 // MadeDir records a directory just created through muxfs: it is empty.
 func (m *Meta) MadeDir(source int, p string, now time.Time) {
-	m.putListing(source, p, nil, now, m.stamp(source, p))
+	m.putListing(source, p, nil, now, now, m.stamp(source, p))
 }
 
 func (m *Meta) dropLocked(k key) {
@@ -370,7 +396,24 @@ type Source struct {
 
 	storedMu   sync.Mutex
 	storedUsed map[string]bool // stored listings already answered in this mount
+
+	// noCTO: a read-only open trusts attributes the source gave within the TTL
+	// instead of asking again (-o nocto; docs/design.md, "Close-to-open").
+	noCTO bool
 }
+
+// TrustedOpener is a backend that can open a file with no request, from attributes the
+// caller vouches for (the persistent cache, for a file it holds whole). ok false: it
+// cannot, and the caller opens the file as usual.
+type TrustedOpener interface {
+	OpenTrusted(p string, a backend.Attr) (f backend.File, ok bool)
+}
+
+// SetNoCTO turns close-to-open off (on is the default): an open for reading of a file
+// whose attributes the source gave within the TTL takes them as the server's, so a
+// file the persistent cache holds whole opens with no request, as on sshfs, where a
+// change made on the server shows within cache_timeout.
+func (s *Source) SetNoCTO(on bool) { s.noCTO = on }
 
 // Persister keeps directory listings across mounts: the persistent cache.
 type Persister interface {
@@ -475,7 +518,7 @@ func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, e
 		if err != nil {
 			return nil, err
 		}
-		s.meta.putListing(s.id, p, list, now, stamp)
+		s.meta.putListing(s.id, p, list, now, now, stamp)
 		if s.persist != nil && s.meta.stamp(s.id, p) == stamp {
 			s.persist.SaveListing(p, list, now)
 			// Fetched by this mount: its stored copy is not a first use later.
@@ -511,12 +554,19 @@ func (s *Source) storedListing(ctx context.Context, p string, now time.Time, sta
 	if !fresh && !staleOK && !offline {
 		return nil, false
 	}
-	s.meta.putListing(s.id, p, list, now, stamp)
-	if !fresh && !offline {
+	s.meta.putListing(s.id, p, list, now, at, stamp)
+	switch {
+	case !fresh && !offline:
 		go s.fetchListing(context.Background(), p) //nolint:errcheck // a failed refresh keeps the stored answer
 		// Answered stale: whoever keeps it should ask again soon, for the refetch.
 		backend.NoteListingExpiry(ctx, now)
-	} else {
+	case s.noCTO && !offline && now.Sub(at) >= s.meta.TTL:
+		// Answered at once, and fetched again behind the caller: without close-to-open
+		// an open trusts only attributes the server gave within the TTL, so one
+		// listing spares an LSTAT at the open of each of its files.
+		go s.fetchListing(context.Background(), p) //nolint:errcheck // a failed refresh keeps the stored answer
+		backend.NoteListingExpiry(ctx, now.Add(s.meta.TTL))
+	default:
 		backend.NoteListingExpiry(ctx, now.Add(s.meta.TTL))
 	}
 	// No listing ahead here: the subdirectories are most likely stored too.
@@ -648,12 +698,21 @@ func (s *Source) SetAttr(ctx context.Context, p string, set backend.SetAttr) err
 }
 
 func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (backend.File, error) {
+	writing := flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_CREAT|syscall.O_TRUNC) != 0
+	if t, ok := s.Backend.(TrustedOpener); ok && s.noCTO && !writing {
+		if a, ok := s.meta.recent(s.id, p, time.Now()); ok {
+			if f, ok := t.OpenTrusted(p, a); ok {
+				s.hits.Add(1)
+				return f, nil
+			}
+		}
+	}
 	stamp := s.meta.stamp(s.id, p)
 	f, err := s.Backend.Open(ctx, p, flags, mode)
 	if err != nil {
 		return nil, err
 	}
-	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_CREAT|syscall.O_TRUNC) != 0 {
+	if writing {
 		s.meta.Created(s.id, p, f.OpenedAttr())
 		if s.persist != nil {
 			dir, _ := parentOf(p)

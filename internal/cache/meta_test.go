@@ -126,7 +126,7 @@ func TestStaleAnswerNotStored(t *testing.T) {
 	m := NewMeta(time.Minute)
 	st := m.stamp(0, "dir")
 	m.Invalidate(0, "dir/new") // a create in dir while its listing was being fetched
-	m.putListing(0, "dir", nil, time.Now(), st)
+	m.putListing(0, "dir", nil, time.Now(), time.Now(), st)
 	if _, _, ok := m.listing(0, "dir", time.Now()); ok {
 		t.Error("a listing fetched across a change was stored")
 	}
@@ -402,7 +402,7 @@ func TestInvalidateTree(t *testing.T) {
 	m := NewMeta(time.Minute)
 	now := time.Now()
 	put := func(src int, p string) { m.putAttr(src, p, backend.Attr{}, false, now, m.stamp(src, p)) }
-	list := func(src int, p string) { m.putListing(src, p, []backend.Entry{{Name: "x"}}, now, m.stamp(src, p)) }
+	list := func(src int, p string) { m.putListing(src, p, []backend.Entry{{Name: "x"}}, now, now, m.stamp(src, p)) }
 	for _, src := range []int{0, 1} {
 		put(src, "p")
 		list(src, "p")
@@ -456,5 +456,122 @@ func BenchmarkRmdirInBigCache(b *testing.B) {
 		p := fmt.Sprintf("gone/d%d", i)
 		m.MadeDir(0, p, now)
 		m.InvalidateTree(0, p)
+	}
+}
+
+// trusting is a source that can open a file with no request (as the persistent cache
+// does for a file it holds whole); it records the attributes it was vouched.
+type trusting struct {
+	*counting
+	mu      sync.Mutex
+	trusted map[string]backend.Attr
+}
+
+func (t *trusting) OpenTrusted(p string, a backend.Attr) (backend.File, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.trusted[p] = a
+	return nil, false // as if not cached: the caller opens the file as usual
+}
+
+// TestNoCTO: with close-to-open off, a read-only open offers the source the attributes
+// it gave within the TTL — never a stored listing's from an earlier mount, nor those of
+// a file being written, nor anything with close-to-open on.
+func TestNoCTO(t *testing.T) {
+	ctx := context.Background()
+	l, err := backend.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &trusting{counting: &counting{Backend: l}, trusted: map[string]backend.Attr{}}
+	store := newMemPersist()
+	mount := func(noCTO bool) *Source {
+		s := Wrap(src, 0, NewMeta(time.Minute), nil)
+		s.SetPersist(store, func() bool { return false })
+		s.SetNoCTO(noCTO)
+		return s
+	}
+	offered := func(p string) (backend.Attr, bool) {
+		src.mu.Lock()
+		defer src.mu.Unlock()
+		a, ok := src.trusted[p]
+		delete(src.trusted, p)
+		return a, ok
+	}
+	open := func(s *Source, p string, flags int) {
+		t.Helper()
+		f, err := s.Open(ctx, p, flags, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close(ctx) //nolint:errcheck
+	}
+	w := mount(true)
+	open(w, "a", os.O_CREATE|os.O_WRONLY)
+	if _, ok := offered("a"); ok {
+		t.Error("an open for writing was offered trusted attributes")
+	}
+	s := mount(true)
+	if _, err := s.ReadDir(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	open(s, "a", os.O_RDONLY)
+	if a, ok := offered("a"); !ok || a.Type() != syscall.S_IFREG {
+		t.Errorf("nocto, fresh listing: offered %v %+v", ok, a)
+	}
+
+	// A remount finds the listing stored an hour ago: answered at its first use, but
+	// not trusted for an open; with nocto it is fetched again behind the caller, and
+	// then trusted.
+	list, _, _ := store.LoadListing("")
+	store.SaveListing("", list, time.Now().Add(-time.Hour))
+	s = mount(false)
+	if _, err := s.ReadDir(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.meta.recent(0, "a", time.Now()); ok {
+		t.Error("attributes from a listing stored an hour ago count as recent")
+	}
+	store.SaveListing("", list, time.Now().Add(-time.Hour))
+	s = mount(true)
+	readdirs := src.readdirs.Load()
+	if _, err := s.ReadDir(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); src.readdirs.Load() == readdirs; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("nocto: an old stored listing was not fetched again")
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, ok := s.meta.recent(0, "a", time.Now()); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the listing fetched again is not recent")
+		}
+	}
+	lstats := src.lstats.Load()
+	open(s, "a", os.O_RDONLY)
+	if _, ok := offered("a"); !ok || src.lstats.Load() != lstats {
+		t.Errorf("attributes the source just listed: offered %v, %d lstats", ok, src.lstats.Load()-lstats)
+	}
+	// Being written through the mount: asked again.
+	f, err := s.Open(ctx, "a", os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt(ctx, []byte("x"), 0) //nolint:errcheck
+	open(s, "a", os.O_RDONLY)
+	if _, ok := offered("a"); ok {
+		t.Error("a file being written was opened on trusted attributes")
+	}
+	f.Close(ctx) //nolint:errcheck
+
+	s = mount(false)
+	s.ReadDir(ctx, "") //nolint:errcheck
+	open(s, "a", os.O_RDONLY)
+	if _, ok := offered("a"); ok {
+		t.Error("close-to-open on, yet attributes were offered")
 	}
 }

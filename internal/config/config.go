@@ -65,6 +65,9 @@ type Options struct {
 	Cache        bool
 	CacheTimeout time.Duration
 	DirCache     bool
+	// NoCTO turns close-to-open off: an open for reading trusts attributes a server
+	// gave within CacheTimeout instead of asking again (NFS' nocto).
+	NoCTO bool
 
 	// The persistent cache: DiskCache is "off", "meta" (listings kept across mounts)
 	// or "full" (file contents too), in CacheDir ("": the default directory), within
@@ -336,6 +339,14 @@ func (c *Config) applyOption(key, val string, hasVal bool) error {
 		}
 	case "dir_cache":
 		return yesNo(&o.DirCache)
+	case "nocto":
+		return flag(&o.NoCTO)
+	case "cto":
+		// NFS' spelling of the default, for a line that wants to say it.
+		if hasVal {
+			return fmt.Errorf("option -o cto takes no value")
+		}
+		o.NoCTO = false
 	case "cache_timeout":
 		return seconds(&o.CacheTimeout)
 	case "entry_timeout":
@@ -455,6 +466,12 @@ func (c *Config) Validate() error {
 		if len(m.Sources) == 0 {
 			return fmt.Errorf("mount path %s has no sources", m.Path)
 		}
+	}
+	if c.Options.NoCTO && (!c.Options.Cache || c.Options.DiskCache != DiskFull) {
+		// Only a file held whole on disk can open with no request: nocto would
+		// silently do nothing.
+		return errors.New("option -o nocto works through the persistent cache of file contents: " +
+			"drop the -o cache= option (cache=full is the default) or drop nocto")
 	}
 	return nil
 }

@@ -234,3 +234,28 @@ func TestCacheOptions(t *testing.T) {
 		}
 	}
 }
+
+func TestNoCTO(t *testing.T) {
+	mount := func(opts string) (*Config, error) {
+		c := &Config{Options: Defaults(), Mountpoint: "/mnt"}
+		if err := c.AddSourcesAtRoot([]string{"h:/d"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ApplyOptions(opts); err != nil {
+			return c, err
+		}
+		return c, c.Validate()
+	}
+	if c, err := mount("nocto"); err != nil || !c.Options.NoCTO {
+		t.Errorf("nocto: %v, NoCTO %v", err, c.Options.NoCTO)
+	}
+	if c, err := mount("nocto,cto"); err != nil || c.Options.NoCTO {
+		t.Errorf("nocto,cto: %v, NoCTO %v", err, c.Options.NoCTO)
+	}
+	// Without the persistent cache of contents nocto would change nothing: refused.
+	for _, bad := range []string{"nocto,cache=meta", "nocto,cache=memory", "nocto,cache=no", "nocto=yes", "cto=1"} {
+		if _, err := mount(bad); err == nil {
+			t.Errorf("-o %s accepted", bad)
+		}
+	}
+}

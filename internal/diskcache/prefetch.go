@@ -163,8 +163,26 @@ func (s *Source) openCached(ctx context.Context, p string) (backend.File, bool) 
 		return nil, false
 	}
 	a, err := s.Backend.Lstat(ctx, p)
+	if err != nil {
+		return nil, false
+	}
+	return s.openWhole(p, a)
+}
+
+// OpenTrusted opens p from the cache alone, taking a as the server's attributes: the
+// caller got them from the server recently enough for its consistency rule (-o nocto).
+// ok false: offline, not cached whole at that version, or not plainly readable.
+func (s *Source) OpenTrusted(p string, a backend.Attr) (backend.File, bool) {
+	if !s.data || s.Offline() {
+		return nil, false
+	}
+	return s.openWhole(p, a)
+}
+
+// openWhole opens p from the cache if it holds all of the version with attributes a.
+func (s *Source) openWhole(p string, a backend.Attr) (backend.File, bool) {
 	// A file nobody may read is left to the server's own permission check.
-	if err != nil || a.Type() != syscall.S_IFREG || a.Mode&0o444 == 0 {
+	if a.Type() != syscall.S_IFREG || a.Mode&0o444 == 0 {
 		return nil, false
 	}
 	e := s.st.acquire(p, a)
