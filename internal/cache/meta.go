@@ -197,6 +197,15 @@ func (m *Meta) recent(source int, p string, now time.Time) (backend.Attr, bool) 
 	return backend.Attr{}, false
 }
 
+// oldListing reports whether p's listing is cached, unexpired, but older than the TTL:
+// a listing stored by an earlier mount, answered at its first use in this one.
+func (m *Meta) oldListing(source int, p string, now time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d, hit := m.dirs[key{source, p}]
+	return hit && now.Before(d.expires) && now.Sub(d.seen) >= m.TTL
+}
+
 func (m *Meta) putAttr(source int, p string, a backend.Attr, missing bool, now time.Time, stamp uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -398,8 +407,20 @@ type Source struct {
 	storedUsed map[string]bool // stored listings already answered in this mount
 
 	// noCTO: a read-only open trusts attributes the source gave within the TTL
-	// instead of asking again (-o nocto; docs/design.md, "Close-to-open").
+	// instead of asking again (-o nocto; docs/design.md, "Persistent cache").
 	noCTO bool
+	// openingUntil (Unix ns): with noCTO, files are being opened for reading (a walk
+	// reading contents) until then.
+	openingUntil atomic.Int64
+}
+
+// openWalkLinger: after an open for reading, a walk counts as opening files this long.
+const openWalkLinger = 2 * time.Second
+
+// opening reports whether, with close-to-open off, a walk is opening files for reading:
+// listings are then worth fetching afresh, for its opens to trust.
+func (s *Source) opening(now time.Time) bool {
+	return s.noCTO && now.UnixNano() < s.openingUntil.Load()
 }
 
 // TrustedOpener is a backend that can open a file with no request, from attributes the
@@ -533,8 +554,9 @@ func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, e
 }
 
 // storedListing answers a listing from the persistent cache (see the comment inside
-// for when it is fetched again). Unless staleOK, an old listing is not answered while
-// the source is up: the caller (the prefetch, in the background) fetches it instead.
+// for when it is fetched again). staleOK: a walk (or an offline lookup) asked, and an
+// old listing will do. Otherwise an old listing is not answered while the source is
+// up: the caller (the prefetch, in the background) fetches it instead.
 func (s *Source) storedListing(ctx context.Context, p string, now time.Time, staleOK bool) ([]backend.Entry, bool) {
 	if s.persist == nil {
 		return nil, false
@@ -560,11 +582,15 @@ func (s *Source) storedListing(ctx context.Context, p string, now time.Time, sta
 		go s.fetchListing(context.Background(), p) //nolint:errcheck // a failed refresh keeps the stored answer
 		// Answered stale: whoever keeps it should ask again soon, for the refetch.
 		backend.NoteListingExpiry(ctx, now)
-	case s.noCTO && !offline && now.Sub(at) >= s.meta.TTL:
-		// Answered at once, and fetched again behind the caller: without close-to-open
-		// an open trusts only attributes the server gave within the TTL, so one
-		// listing spares an LSTAT at the open of each of its files.
-		go s.fetchListing(context.Background(), p) //nolint:errcheck // a failed refresh keeps the stored answer
+	case staleOK && !offline && now.Sub(at) >= s.meta.TTL && s.opening(now):
+		// A walk that is opening files (see Open) asked for this listing: it will
+		// open this directory's files too, and then go below. The listing is
+		// fetched again behind this answer, and its subdirectories ahead of the walk
+		// (the prefetch fetches them from the server while the walk opens files).
+		go s.fetchListing(context.Background(), p) //nolint:errcheck // a failed refetch leaves opens asking
+		if s.prefetch != nil {
+			s.prefetch.children(s, p, list)
+		}
 		backend.NoteListingExpiry(ctx, now.Add(s.meta.TTL))
 	default:
 		backend.NoteListingExpiry(ctx, now.Add(s.meta.TTL))
@@ -700,11 +726,21 @@ func (s *Source) SetAttr(ctx context.Context, p string, set backend.SetAttr) err
 func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (backend.File, error) {
 	writing := flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_CREAT|syscall.O_TRUNC) != 0
 	if t, ok := s.Backend.(TrustedOpener); ok && s.noCTO && !writing {
-		if a, ok := s.meta.recent(s.id, p, time.Now()); ok {
+		now := time.Now()
+		s.openingUntil.Store(now.Add(openWalkLinger).UnixNano())
+		if a, ok := s.meta.recent(s.id, p, now); ok {
 			if f, ok := t.OpenTrusted(p, a); ok {
 				s.hits.Add(1)
 				return f, nil
 			}
+		} else if dir, _ := parentOf(p); s.persist != nil && s.meta.oldListing(s.id, dir, now) && !s.offline() {
+			// The directory was answered from a listing stored by an earlier mount:
+			// this open asks the server as usual, and the listing is fetched again
+			// behind it, so that the directory's next opens (a walk reading its
+			// files) are trusted — one request per directory, not one per file. Only
+			// while files are opened (here, and in storedListing): a walk that merely
+			// lists (find) fetches nothing.
+			go s.fetchListing(context.Background(), dir) //nolint:errcheck // a failed refetch leaves opens asking
 		}
 	}
 	stamp := s.meta.stamp(s.id, p)

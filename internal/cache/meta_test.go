@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -508,6 +509,7 @@ func TestNoCTO(t *testing.T) {
 	}
 	w := mount(true)
 	open(w, "a", os.O_CREATE|os.O_WRONLY)
+	open(w, "b", os.O_CREATE|os.O_WRONLY)
 	if _, ok := offered("a"); ok {
 		t.Error("an open for writing was offered trusted attributes")
 	}
@@ -521,30 +523,32 @@ func TestNoCTO(t *testing.T) {
 	}
 
 	// A remount finds the listing stored an hour ago: answered at its first use, but
-	// not trusted for an open; with nocto it is fetched again behind the caller, and
-	// then trusted.
+	// not trusted for an open. With nocto that open asks as usual and has the listing
+	// fetched again behind it; the directory's next opens are then trusted. A walk
+	// that only lists fetches nothing again.
 	list, _, _ := store.LoadListing("")
-	store.SaveListing("", list, time.Now().Add(-time.Hour))
-	s = mount(false)
-	if _, err := s.ReadDir(ctx, ""); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := s.meta.recent(0, "a", time.Now()); ok {
-		t.Error("attributes from a listing stored an hour ago count as recent")
-	}
 	store.SaveListing("", list, time.Now().Add(-time.Hour))
 	s = mount(true)
 	readdirs := src.readdirs.Load()
 	if _, err := s.ReadDir(ctx, ""); err != nil {
 		t.Fatal(err)
 	}
+	time.Sleep(20 * time.Millisecond)
+	if src.readdirs.Load() != readdirs {
+		t.Error("a stored listing was fetched again with no open in its directory")
+	}
+	open(s, "a", os.O_RDONLY)
+	if _, ok := offered("a"); ok {
+		t.Error("attributes from a listing stored an hour ago were trusted")
+	}
 	for deadline := time.Now().Add(5 * time.Second); src.readdirs.Load() == readdirs; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("nocto: an old stored listing was not fetched again")
+			t.Fatal("nocto: the old listing was not fetched again after an open in its directory")
 		}
 	}
+	// The refetch lands in the cache just after the request returns.
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		if _, ok := s.meta.recent(0, "a", time.Now()); ok {
+		if _, ok := s.meta.recent(0, "b", time.Now()); ok {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -552,9 +556,12 @@ func TestNoCTO(t *testing.T) {
 		}
 	}
 	lstats := src.lstats.Load()
-	open(s, "a", os.O_RDONLY)
-	if _, ok := offered("a"); !ok || src.lstats.Load() != lstats {
-		t.Errorf("attributes the source just listed: offered %v, %d lstats", ok, src.lstats.Load()-lstats)
+	open(s, "b", os.O_RDONLY)
+	if _, ok := offered("b"); !ok || src.lstats.Load() != lstats {
+		t.Errorf("the next file of the directory listed again: offered %v, %d lstats", ok, src.lstats.Load()-lstats)
+	}
+	if src.readdirs.Load() != readdirs+1 {
+		t.Errorf("%d listings fetched again, want 1", src.readdirs.Load()-readdirs)
 	}
 	// Being written through the mount: asked again.
 	f, err := s.Open(ctx, "a", os.O_WRONLY, 0)
@@ -573,5 +580,57 @@ func TestNoCTO(t *testing.T) {
 	open(s, "a", os.O_RDONLY)
 	if _, ok := offered("a"); ok {
 		t.Error("close-to-open on, yet attributes were offered")
+	}
+}
+
+// TestNoCTOWalkFetchesAhead: with nocto, while files are being opened, a walk that
+// reaches a directory stored by an earlier mount has it fetched again and its
+// subdirectories fetched ahead, so that the opens in them are trusted.
+func TestNoCTOWalkFetchesAhead(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	for _, f := range []string{"top", "d/x", "d/e/y"} {
+		os.MkdirAll(path.Dir(dir+"/"+f), 0o755)   //nolint:errcheck
+		os.WriteFile(dir+"/"+f, []byte(f), 0o644) //nolint:errcheck
+	}
+	l, err := backend.NewLocal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &trusting{counting: &counting{Backend: l}, trusted: map[string]backend.Attr{}}
+	store := newMemPersist()
+	s := Wrap(src, 0, NewMeta(time.Minute), nil)
+	s.SetPersist(store, func() bool { return false })
+	for _, d := range []string{"", "d", "d/e"} {
+		if _, err := s.ReadDir(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+		list, _, _ := store.LoadListing(d)
+		store.SaveListing(d, list, time.Now().Add(-time.Hour))
+	}
+
+	s = Wrap(src, 0, NewMeta(time.Minute), NewPrefetcher(4))
+	s.SetPersist(store, func() bool { return false })
+	s.SetNoCTO(true)
+	base := src.readdirs.Load()
+	s.ReadDir(ctx, "") //nolint:errcheck // from the store
+	f, err := s.Open(ctx, "top", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close(ctx)        //nolint:errcheck
+	s.ReadDir(ctx, "d") //nolint:errcheck // from the store, while opening files
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		_, ok := s.meta.recent(0, "d/e/y", time.Now())
+		_, ok2 := s.meta.recent(0, "d/x", time.Now())
+		if ok && ok2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("d and d/e not fetched again (%d listings fetched)", src.readdirs.Load()-base)
+		}
+	}
+	if n := src.readdirs.Load() - base; n != 3 {
+		t.Errorf("%d listings fetched, want 3 (the root after the open, d, and d/e ahead)", n)
 	}
 }
