@@ -62,6 +62,16 @@ func TestSmallFilesThroughPageCache(t *testing.T) {
 	if n := requestsSince(t, reqs, "OPEN", from); n != 3 {
 		t.Errorf("%d OPEN requests for three opens; want each checked (close-to-open)", n)
 	}
+	if n := requestsSince(t, reqs, "FLUSH", from); n != 0 {
+		t.Errorf("closing a read-only file three times sent %d FLUSH requests; want none", n)
+	}
+	from = logSize(t, reqs)
+	if err := os.WriteFile(filepath.Join(mp, "written"), small, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if n := requestsSince(t, reqs, "FLUSH", from); n != 1 {
+		t.Errorf("closing a file written to sent %d FLUSH requests; want 1 (its errors are reported there)", n)
+	}
 
 	read("large", large)
 	from = logSize(t, reqs)
