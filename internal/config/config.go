@@ -343,8 +343,9 @@ func (c *Config) applyOption(key, val string, hasVal bool) error {
 		return flag(&o.NoCTO)
 	case "cto":
 		// NFS' spelling of the default, for a line that wants to say it.
-		if hasVal {
-			return fmt.Errorf("option -o cto takes no value")
+		var cto bool
+		if err := flag(&cto); err != nil {
+			return err
 		}
 		o.NoCTO = false
 	case "cache_timeout":
