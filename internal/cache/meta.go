@@ -154,47 +154,40 @@ func parentOf(p string) (dir, name string) {
 // ok true), or nothing (ok false). A fresh listing of the parent answers for every
 // name in it, and for every name not in it.
 func (m *Meta) lookup(source int, p string, now time.Time) (a backend.Attr, found, ok bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if e, hit := m.attrs[key{source, p}]; hit && now.Before(e.expires) {
-		return e.attr, !e.missing, true
-	}
-	if p == "" {
-		return backend.Attr{}, false, false
-	}
-	dir, name := parentOf(p)
-	if d, hit := m.dirs[key{source, dir}]; hit && now.Before(d.expires) {
-		if i, in := d.byName[name]; in {
-			if d.dirty[name] {
-				return backend.Attr{}, false, false
-			}
-			return d.list[i].Attr, true, true
-		}
-		return backend.Attr{}, false, true
-	}
-	return backend.Attr{}, false, false
+	a, found, ok, _ = m.answer(source, p, now)
+	return a, found, ok
 }
 
 // recent answers like lookup, for an existing name only, and only with attributes the
 // source gave within the TTL — not a stored listing's, answered at its first use in a
 // mount however old it is. With close-to-open off (nocto), an open trusts them.
 func (m *Meta) recent(source int, p string, now time.Time) (backend.Attr, bool) {
+	a, found, ok, seen := m.answer(source, p, now)
+	return a, ok && found && now.Sub(seen) < m.TTL
+}
+
+// answer is lookup's answer and when the source gave it.
+func (m *Meta) answer(source int, p string, now time.Time) (a backend.Attr, found, ok bool, seen time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	// Attributes are stored as the source answers them: fresh while unexpired.
 	if e, hit := m.attrs[key{source, p}]; hit && now.Before(e.expires) {
-		return e.attr, !e.missing
+		// Attributes are stored as the source answers them, for the TTL.
+		return e.attr, !e.missing, true, e.expires.Add(-m.TTL)
 	}
 	if p == "" {
-		return backend.Attr{}, false
+		return backend.Attr{}, false, false, time.Time{}
 	}
 	dir, name := parentOf(p)
-	if d, hit := m.dirs[key{source, dir}]; hit && now.Before(d.expires) && now.Sub(d.seen) < m.TTL {
-		if i, in := d.byName[name]; in && !d.dirty[name] {
-			return d.list[i].Attr, true
+	if d, hit := m.dirs[key{source, dir}]; hit && now.Before(d.expires) {
+		if i, in := d.byName[name]; in {
+			if d.dirty[name] {
+				return backend.Attr{}, false, false, time.Time{}
+			}
+			return d.list[i].Attr, true, true, d.seen
 		}
+		return backend.Attr{}, false, true, d.seen
 	}
-	return backend.Attr{}, false
+	return backend.Attr{}, false, false, time.Time{}
 }
 
 // oldListing reports whether p's listing is cached, unexpired, but older than the TTL:
