@@ -27,6 +27,9 @@ type env struct {
 	server  *sshd.Server
 	proxies map[time.Duration]int // added RTT -> local port to connect to
 	muxfs   string
+	// cacheGen numbers muxfs' persistent cache directories: each cold mount gets a
+	// new, empty one (see session.remount).
+	cacheGen int
 }
 
 func newEnv(root, muxfsBin string, rtts []time.Duration) (*env, error) {

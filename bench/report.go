@@ -322,8 +322,23 @@ func (s *store) cacheTargets(rtts []time.Duration) string {
 		fmt.Fprintf(&b, "| %s | %d ms | %s | %s |\n", what, rtt.Milliseconds(), measured, verdict)
 	}
 	for _, rtt := range rtts {
-		if v, ok := s.speedup(rtt, "cache", "hot cache after remount", "muxfs", "local"); ok {
-			row("hot cache after remount ≥ 0.9× local-disk read", rtt, fmtNum(v)+"× local", v >= 0.9)
+		// Judged against the same bytes read from the local disk (its cache data file
+		// read directly): this disk's speed varies more from file to file than the
+		// target's margin (bench/README.md); the local file's ratio is shown too.
+		// Logs of runs before that measurement judge against the local file.
+		const hotWhat = "hot cache after remount ≥ 0.9× local-disk read"
+		local, okLocal := s.speedup(rtt, "cache", "hot cache after remount", "muxfs", "local")
+		hot, ok1 := s.med(rtt, "cache", "hot cache after remount", "muxfs")
+		direct, ok2 := s.med(rtt, "cache", "cache data file read directly", "muxfs")
+		switch {
+		case ok1 && ok2 && direct > 0:
+			measured := fmtNum(hot/direct) + "× its data file read directly"
+			if okLocal {
+				measured += ", " + fmtNum(local) + "× the local file"
+			}
+			row(hotWhat, rtt, measured, hot/direct >= 0.9)
+		case okLocal:
+			row(hotWhat, rtt, fmtNum(local)+"× local", local >= 0.9)
 		}
 		cold, ok1 := s.med(rtt, "cache", "cold cache", "muxfs")
 		off, ok2 := s.med(rtt, "cache", "cache off", "muxfs")

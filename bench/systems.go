@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,8 +59,11 @@ func muxfsMount(e *env, port int, dir, mp string, extra ...string) error {
 	return run(e.muxfs, "--cache-dir", e.muxfsCache(), "-o", opts, fmt.Sprintf("sftp://%s@127.0.0.1:%d%s", e.server.User, port, dir), mp)
 }
 
-// muxfsCache is muxfs' persistent cache directory in this run.
-func (e *env) muxfsCache() string { return filepath.Join(e.root, "muxfs-cache") }
+// muxfsCaches holds muxfs' persistent cache directories.
+func (e *env) muxfsCaches() string { return filepath.Join(e.root, "muxfs-cache") }
+
+// muxfsCache is the persistent cache directory muxfs mounts with now.
+func (e *env) muxfsCache() string { return filepath.Join(e.muxfsCaches(), strconv.Itoa(e.cacheGen)) }
 
 func rcloneMount(e *env, port int, dir, mp, mode string) error {
 	remote := fmt.Sprintf(":sftp,host=127.0.0.1,port=%d,user=%s,key_file=%s,known_hosts_file=%s:%s",
@@ -139,7 +143,10 @@ func (s *session) remount() error {
 	}
 	unmount(s.mp)
 	if s.sys.muxfs {
-		os.RemoveAll(s.e.muxfsCache()) //nolint:errcheck // cold means nothing cached
+		// Cold means nothing cached: a new, empty directory. Deleting the last one
+		// here would put the file system's work of freeing it (hundreds of MiB at
+		// times) next to the timed commands; session.close deletes them.
+		s.e.cacheGen++
 	}
 	dropCaches()
 	if err := s.mount(); err != nil {
@@ -175,5 +182,8 @@ func (s *session) remountKeeping(extra ...string) error {
 func (s *session) close() {
 	if !s.sys.local {
 		unmount(s.mp)
+	}
+	if s.sys.muxfs {
+		os.RemoveAll(s.e.muxfsCaches()) //nolint:errcheck // the next session mounts a new one
 	}
 }
