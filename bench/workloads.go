@@ -51,7 +51,7 @@ var workloads = []workload{
 		at: func(rtt time.Duration) bool { return rtt == 0 }, run: untarWorkload},
 	{name: "build", desc: "build Lua 5.4 (a real C project, Debian's source) with make -j2, sources and objects on the mount; cold = fresh mount and dropped caches, hot = make clean and build again",
 		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: buildWorkload},
-	{name: "cache", desc: "the FS-Cache seed's table: a 256 MiB file read with fio (1 MiB records) from a fresh mount with dropped page caches — with muxfs' persistent cache off (`-o cache=memory`), with it on and empty (cold), after a remount with it full (hot: FUSE passthrough), and again at once (page cache), and muxfs' cache data file of it read directly with dropped caches (the same bytes from the local disk: the base of the hot read's target); local is the file read with dropped caches, then again. Each figure is the median of 3 reads per repetition, cache off alternating with cold cache and the hot read with the direct one",
+	{name: "cache", desc: "the FS-Cache seed's table: a 256 MiB file read with fio (1 MiB records) from a fresh mount with dropped page caches — with muxfs' persistent cache off (`-o cache=memory`), with it on and empty (cold), after a remount with it full (hot: FUSE passthrough), and again at once (page cache), and muxfs' cache data file of it read directly with dropped caches (the same bytes from the local disk: the base of the hot read's target); local is the file read with dropped caches, then again. Each figure is the median of 4 reads per repetition, cache off alternating with cold cache and the hot read with the direct one, each first in every other round",
 		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: cacheWorkload, skip: onlyLocalAndMuxfs("muxfs")},
 	{name: "warm", desc: "the source tree and the Lua build right after a remount with a warm persistent cache and dropped page caches (each command first run once to fill the cache); local runs each with dropped caches",
 		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: warmWorkload, skip: onlyLocalAndMuxfs("muxfs", "muxfs-nocto")},
@@ -70,58 +70,77 @@ func onlyLocalAndMuxfs(variants ...string) func(string, time.Duration) string {
 
 // cacheWorkload is the FS-Cache seed's table for one big file.
 //
-// This machine's disk reads the same file at 600 MB/s once and at 1,500 the next time
-// (bench/README.md), more than the differences measured here. So each figure is the
-// median of cacheRounds reads within a repetition, alternating the readings compared
-// with each other: cache off with cold cache, the hot read with its data file read
-// directly.
+// This machine's disk reads the same file at 600 MB/s once and at 1,500 the next time,
+// and of two reads in a row the second is the slower, whatever each one is
+// (bench/README.md) — more than the differences measured here. So the readings
+// compared with each other alternate, each first in half of cacheRounds rounds (cache
+// off with cold cache, the hot read with its data file read directly), and each figure
+// is the median of its rounds.
 func cacheWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 	const mib = 256
 	if err := b.ensureFile(s, "cache.dat", mib); err != nil {
 		return nil, err
 	}
 	file := filepath.Join(s.mp, "cache.dat")
+	type reading struct {
+		metric string
+		file   func() string
+		prep   func() error
+	}
 	reads := map[string][]float64{}
-	read := func(metric, file string, prep func() error) error {
-		if err := prep(); err != nil {
-			return err
+	take := func(rs ...reading) error {
+		for _, r := range rs {
+			if err := r.prep(); err != nil {
+				return err
+			}
+			v, err := fioRead(r.metric, r.file(), mib)
+			if err != nil {
+				return err
+			}
+			reads[r.metric] = append(reads[r.metric], v.value)
 		}
-		r, err := fioRead(metric, file, mib)
-		reads[metric] = append(reads[metric], r.value)
-		return err
+		return nil
 	}
-	metrics := []string{"cache off", "cold cache", "hot cache after remount", "page cache"}
-	for range cacheRounds {
-		if err := read("cache off", file, func() error { return s.remountKeeping("cache=memory") }); err != nil {
-			return nil, err
-		}
-		if err := read("cold cache", file, s.remount); err != nil {
-			return nil, err
-		}
-	}
+	mounted := func() string { return file }
+	off := reading{"cache off", mounted, func() error { return s.remountKeeping("cache=memory") }}
+	cold := reading{"cold cache", mounted, s.remount}
+	hot := reading{"hot cache after remount", mounted, func() error { return s.remountKeeping() }}
+	page := reading{"page cache", mounted, func() error { return nil }}
 	// The same bytes read from the local disk without muxfs: the file that the hot
-	// read hands to the kernel (passthrough), the like-for-like base of its target.
+	// read hands to the kernel (passthrough), a like-for-like base of its target.
 	var data string
+	direct := reading{"cache data file read directly", func() string { return data }, func() error { dropCaches(); return nil }}
+	metrics := []string{off.metric, cold.metric, hot.metric, page.metric}
+	for r := range cacheRounds {
+		pair := []reading{off, cold}
+		if r%2 == 1 {
+			pair = []reading{cold, off}
+		}
+		if err := take(pair...); err != nil {
+			return nil, err
+		}
+	}
 	if s.sys.muxfs {
 		var err error
 		if data, err = largestFile(s.e.muxfsCache()); err != nil {
 			return nil, err
 		}
-		metrics = append(metrics, "cache data file read directly")
+		metrics = append(metrics, direct.metric)
 	}
-	for i := range cacheRounds {
-		if err := read("hot cache after remount", file, func() error { return s.remountKeeping() }); err != nil {
-			return nil, err
-		}
-		if i == 0 {
-			if err := read("page cache", file, func() error { return nil }); err != nil {
-				return nil, err
-			}
+	for r := range cacheRounds {
+		rs := []reading{hot}
+		if r == 0 {
+			rs = append(rs, page)
 		}
 		if data != "" {
-			if err := read("cache data file read directly", data, func() error { dropCaches(); return nil }); err != nil {
-				return nil, err
+			if r%2 == 1 {
+				rs = append([]reading{direct}, rs...)
+			} else {
+				rs = append(rs, direct)
 			}
+		}
+		if err := take(rs...); err != nil {
+			return nil, err
 		}
 	}
 	var res []result
@@ -132,8 +151,8 @@ func cacheWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 }
 
 // cacheRounds is how many times each reading of the cache workload is taken per
-// repetition.
-const cacheRounds = 3
+// repetition: even, so that each of two readings compared goes first as often.
+const cacheRounds = 4
 
 // fioRead reads the first mib MiB of file with fio in 1 MiB records.
 func fioRead(metric, file string, mib int) (result, error) {
