@@ -51,7 +51,7 @@ var workloads = []workload{
 		at: func(rtt time.Duration) bool { return rtt == 0 }, run: untarWorkload},
 	{name: "build", desc: "build Lua 5.4 (a real C project, Debian's source) with make -j2, sources and objects on the mount; cold = fresh mount and dropped caches, hot = make clean and build again",
 		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: buildWorkload},
-	{name: "cache", desc: "the FS-Cache seed's table: a 256 MiB file read with fio (1 MiB records) from a fresh mount with dropped page caches — with muxfs' persistent cache off (`-o cache=memory`), with it on and empty (cold), after a remount with it full (hot: FUSE passthrough), and again at once (page cache), and muxfs' cache data file of it read directly with dropped caches (the same bytes from the local disk: the base of the hot read's target); local is the file read with dropped caches, then again. Each figure is the median of 4 reads per repetition, cache off alternating with cold cache and the hot read with the direct one, each first in every other round",
+	{name: "cache", desc: "the FS-Cache seed's table: a 256 MiB file read with fio (1 MiB records) from a fresh mount with dropped page caches — with muxfs' persistent cache off (`-o cache=memory`), with it on and empty (cold), after a remount with it full (hot: FUSE passthrough), and again at once (page cache); with the hot read, taken in turn, the same bytes read directly from the local disk without muxfs (its cache data file) and the server's file read directly; local is the file read with dropped caches, then again. Each figure is the median of 6 rounds per repetition, the readings compared with each other taken in turn, in an order that changes every round (bench/README.md)",
 		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: cacheWorkload, skip: onlyLocalAndMuxfs("muxfs")},
 	{name: "warm", desc: "the source tree and the Lua build right after a remount with a warm persistent cache and dropped page caches (each command first run once to fill the cache); local runs each with dropped caches",
 		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: warmWorkload, skip: onlyLocalAndMuxfs("muxfs", "muxfs-nocto")},
@@ -71,29 +71,33 @@ func onlyLocalAndMuxfs(variants ...string) func(string, time.Duration) string {
 // cacheWorkload is the FS-Cache seed's table for one big file.
 //
 // This machine's disk reads the same file at 600 MB/s once and at 1,500 the next time,
-// and of two reads in a row the second is the slower, whatever each one is
-// (bench/README.md) — more than the differences measured here. So the readings
-// compared with each other alternate, each first in half of cacheRounds rounds (cache
-// off with cold cache, the hot read with its data file read directly), and each figure
-// is the median of its rounds.
+// and which reads come out slow depends on the order of the reads before them
+// (bench/README.md): more than the differences measured here. So the readings compared
+// with each other are taken in turn, in an order that changes every round, and each
+// figure is the median of its cacheRounds rounds: cache off with cold cache; the hot
+// read with the same bytes read from the local disk without muxfs (the cache data file
+// the hot read hands to the kernel) and with the server's file read directly.
 func cacheWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 	const mib = 256
 	if err := b.ensureFile(s, "cache.dat", mib); err != nil {
 		return nil, err
 	}
-	file := filepath.Join(s.mp, "cache.dat")
 	type reading struct {
 		metric string
-		file   func() string
+		file   string
 		prep   func() error
 	}
 	reads := map[string][]float64{}
-	take := func(rs ...reading) error {
+	var metrics []string
+	take := func(rs ...*reading) error {
 		for _, r := range rs {
+			if _, ok := reads[r.metric]; !ok {
+				metrics = append(metrics, r.metric)
+			}
 			if err := r.prep(); err != nil {
 				return err
 			}
-			v, err := fioRead(r.metric, r.file(), mib)
+			v, err := fioRead(r.metric, r.file, mib)
 			if err != nil {
 				return err
 			}
@@ -101,43 +105,31 @@ func cacheWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 		}
 		return nil
 	}
-	mounted := func() string { return file }
-	off := reading{"cache off", mounted, func() error { return s.remountKeeping("cache=memory") }}
-	cold := reading{"cold cache", mounted, s.remount}
-	hot := reading{"hot cache after remount", mounted, func() error { return s.remountKeeping() }}
-	page := reading{"page cache", mounted, func() error { return nil }}
-	// The same bytes read from the local disk without muxfs: the file that the hot
-	// read hands to the kernel (passthrough), a like-for-like base of its target.
-	var data string
-	direct := reading{"cache data file read directly", func() string { return data }, func() error { dropCaches(); return nil }}
-	metrics := []string{off.metric, cold.metric, hot.metric, page.metric}
+	file := filepath.Join(s.mp, "cache.dat")
+	drop := func() error { dropCaches(); return nil }
+	off := &reading{"cache off", file, func() error { return s.remountKeeping("cache=memory") }}
+	cold := &reading{"cold cache", file, s.remount}
+	hot := &reading{"hot cache after remount", file, func() error { return s.remountKeeping() }}
+	page := &reading{"page cache", file, func() error { return nil }}
 	for r := range cacheRounds {
-		pair := []reading{off, cold}
-		if r%2 == 1 {
-			pair = []reading{cold, off}
-		}
-		if err := take(pair...); err != nil {
+		if err := take(rotate([]*reading{off, cold}, r)...); err != nil {
 			return nil, err
 		}
 	}
+	together := []*reading{hot}
 	if s.sys.muxfs {
-		var err error
-		if data, err = largestFile(s.e.muxfsCache()); err != nil {
+		data, err := largestFile(s.e.muxfsCache())
+		if err != nil {
 			return nil, err
 		}
-		metrics = append(metrics, direct.metric)
+		together = append(together,
+			&reading{"cache data file read directly", data, drop},
+			&reading{"server's file read directly", filepath.Join(s.dir, "cache.dat"), drop})
 	}
 	for r := range cacheRounds {
-		rs := []reading{hot}
+		rs := rotate(together, r)
 		if r == 0 {
-			rs = append(rs, page)
-		}
-		if data != "" {
-			if r%2 == 1 {
-				rs = append([]reading{direct}, rs...)
-			} else {
-				rs = append(rs, direct)
-			}
+			rs = append([]*reading{hot, page}, rs[1:]...)
 		}
 		if err := take(rs...); err != nil {
 			return nil, err
@@ -151,8 +143,15 @@ func cacheWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 }
 
 // cacheRounds is how many times each reading of the cache workload is taken per
-// repetition: even, so that each of two readings compared goes first as often.
-const cacheRounds = 4
+// repetition: a multiple of 2 and 3, so that in a rotation of two or three readings
+// each takes every place as often.
+const cacheRounds = 6
+
+// rotate returns rs rotated left by n.
+func rotate[T any](rs []T, n int) []T {
+	n %= len(rs)
+	return append(slices.Clone(rs[n:]), rs[:n]...)
+}
 
 // fioRead reads the first mib MiB of file with fio in 1 MiB records.
 func fioRead(metric, file string, mib int) (result, error) {
