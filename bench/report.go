@@ -380,7 +380,14 @@ func (s *store) chart(file string, rtt time.Duration, w string) error {
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("%s, %d ms added RTT: speed relative to %s (higher is better)", w, rtt.Milliseconds(), base)
 	p.Y.Min = 0
-	metrics := s.metrics[w]
+	// Only metrics the base has: muxfs' own readings (its cache data file read
+	// directly) have nothing to be relative to.
+	var metrics []string
+	for _, m := range s.metrics[w] {
+		if _, ok := s.med(rtt, w, m, base); ok {
+			metrics = append(metrics, m)
+		}
+	}
 	syss := rowSystems(w)
 	var shown []string
 	for _, sys := range syss {
