@@ -120,6 +120,9 @@ type session struct {
 	port int
 	dir  string // on the server
 	mp   string // where the workload runs
+	// round counts the repetitions run on this session, for workloads that change
+	// the order of their readings from one to the next.
+	round int
 }
 
 func (e *env) open(sys system, rtt time.Duration, dir string) (*session, error) {
