@@ -15,7 +15,7 @@ import (
 var (
 	repLine  = regexp.MustCompile(`^\S+ (\S+) (\S+) (\S+) rep \d+: (.*)$`)
 	failLine = regexp.MustCompile(`^\S+ (\S+) (\S+) (\S+): (.*)$`)
-	valueRe  = regexp.MustCompile(`([A-Za-z' -]+)=([0-9.e+]+)(MB/s|IOPS|files/s|s)`)
+	valueRe  = regexp.MustCompile(`([A-Za-z', -]+)=([0-9.e+]+)(MB/s|IOPS|files/s|s)`)
 )
 
 // loadLog rebuilds the results of a run from its log, so that a report can be written
