@@ -15,7 +15,9 @@ import (
 var (
 	repLine  = regexp.MustCompile(`^\S+ (\S+) (\S+) (\S+) rep \d+: (.*)$`)
 	failLine = regexp.MustCompile(`^\S+ (\S+) (\S+) (\S+): (.*)$`)
-	valueRe  = regexp.MustCompile(`([A-Za-z', -]+)=([0-9.e+]+)(MB/s|IOPS|files/s|s)`)
+	// A rep line is summary's output: "name=value+unit" pairs joined by spaces, the
+	// names free text without "=" (spaces, apostrophes, commas).
+	valueRe = regexp.MustCompile(`\s*([^=]+?)=([0-9.e+]+)(MB/s|IOPS|files/s|s)(?:\s|$)`)
 )
 
 // loadLog rebuilds the results of a run from its log, so that a report can be written

@@ -97,11 +97,11 @@ func cacheWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 			if err := r.prep(); err != nil {
 				return err
 			}
-			v, err := fioRead(r.metric, r.file, mib)
+			v, err := fioRead(r.file, mib)
 			if err != nil {
 				return err
 			}
-			reads[r.metric] = append(reads[r.metric], v.value)
+			reads[r.metric] = append(reads[r.metric], v)
 		}
 		return nil
 	}
@@ -153,13 +153,13 @@ func rotate[T any](rs []T, n int) []T {
 	return append(slices.Clone(rs[n:]), rs[:n]...)
 }
 
-// fioRead reads the first mib MiB of file with fio in 1 MiB records.
-func fioRead(metric, file string, mib int) (result, error) {
+// fioRead reads the first mib MiB of file with fio in 1 MiB records, in MB/s.
+func fioRead(file string, mib int) (float64, error) {
 	o, err := fio("--name=read", "--filename="+file, "--rw=read", "--bs=1m", fmt.Sprintf("--size=%dm", mib))
 	if err != nil {
-		return result{}, err
+		return 0, err
 	}
-	return result{metric, "MB/s", o.Jobs[0].Read.BwBytes / mb, true}, nil
+	return o.Jobs[0].Read.BwBytes / mb, nil
 }
 
 // largestFile is the biggest regular file under dir.
@@ -186,11 +186,8 @@ func largestFile(dir string) (string, error) {
 // the persistent cache.
 func warmWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 	tree := filepath.Join(s.mp, "tree")
-	src := filepath.Join(s.dir, "lua")
-	if _, err := os.Stat(src); err != nil {
-		if _, _, err := sh(fmt.Sprintf("mkdir -p %s && tar -xzf %s -C %s --strip-components=1", src, b.luaTar, src)); err != nil {
-			return nil, err
-		}
+	if err := b.unpackLua(filepath.Join(s.dir, "lua"), false); err != nil {
+		return nil, err
 	}
 	lua := filepath.Join(s.mp, "lua")
 	cmds := []struct{ name, script string }{
@@ -219,12 +216,17 @@ func warmWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 		// timed in turn with a local build of a copy of the same sources, each first
 		// in every other repetition (bench/README.md).
 		withLocal := c.name == "build" && s.sys.muxfs
-		if withLocal && s.round%2 == 0 {
+		timeLocal := func() error {
 			r, err := localBuild(b, s)
-			if err != nil {
+			if err == nil {
+				res = append(res, r)
+			}
+			return err
+		}
+		if withLocal && s.round%2 == 0 {
+			if err := timeLocal(); err != nil {
 				return res, err
 			}
-			res = append(res, r)
 		}
 		if err := s.remountKeeping(); err != nil {
 			return res, err
@@ -238,11 +240,9 @@ func warmWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 			sh("make -C " + lua + " clean > /dev/null") //nolint:errcheck
 		}
 		if withLocal && s.round%2 == 1 {
-			r, err := localBuild(b, s)
-			if err != nil {
+			if err := timeLocal(); err != nil {
 				return res, err
 			}
-			res = append(res, r)
 		}
 	}
 	s.round++
@@ -252,15 +252,25 @@ func warmWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 // localBuild times the Lua build, with dropped caches, in a local copy of its sources.
 func localBuild(b *bench, s *session) (result, error) {
 	src := filepath.Join(s.e.root, "lua-local")
-	if _, err := os.Stat(src); err != nil {
-		if _, _, err := sh(fmt.Sprintf("mkdir -p %s && tar -xzf %s -C %s --strip-components=1", src, b.luaTar, src)); err != nil {
-			return result{}, err
-		}
+	if err := b.unpackLua(src, false); err != nil {
+		return result{}, err
 	}
 	dropCaches()
 	d, _, err := sh("make -C " + src + " -j2 posix > /dev/null")
 	sh("make -C " + src + " clean > /dev/null") //nolint:errcheck
 	return result{"local build, same rounds", "s", d.Seconds(), false}, err
+}
+
+// unpackLua unpacks Lua's source tarball into dir, untimed: afresh, or only if dir
+// does not exist yet.
+func (b *bench) unpackLua(dir string, afresh bool) error {
+	if afresh {
+		os.RemoveAll(dir) //nolint:errcheck
+	} else if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	_, _, err := sh(fmt.Sprintf("mkdir -p %s && tar -xzf %s -C %s --strip-components=1", dir, b.luaTar, dir))
+	return err
 }
 
 type fioOut struct {
@@ -401,9 +411,7 @@ func untarWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 
 func buildWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 	// Unpacked on the server side (untimed), built through the mount.
-	src := filepath.Join(s.dir, "lua")
-	os.RemoveAll(src) //nolint:errcheck
-	if _, _, err := sh(fmt.Sprintf("mkdir -p %s && tar -xzf %s -C %s --strip-components=1", src, b.luaTar, src)); err != nil {
+	if err := b.unpackLua(filepath.Join(s.dir, "lua"), true); err != nil {
 		return nil, err
 	}
 	dir := filepath.Join(s.mp, "lua")

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestLogRoundTrip: a report rebuilt from a run's log has every figure the run logged,
+// whatever its metric's name (spaces, an apostrophe, a comma), so that -from-log pages
+// judge the targets with the same readings as the run's own.
+func TestLogRoundTrip(t *testing.T) {
+	res := []result{
+		{"cache off", "MB/s", 1440, true},
+		{"server's file read directly", "MB/s", 1180, true},
+		{"local build, same rounds", "s", 3.77, false},
+		{"ls -lR after remount", "s", 0.412, false},
+		{"untar", "files/s", 565, true},
+		{"randread", "IOPS", 10564, true},
+	}
+	line := fmt.Sprintf("18:19:41 %v warm muxfs rep 1: %s\n", 2*time.Millisecond, summary(res))
+	file := filepath.Join(t.TempDir(), "run.log")
+	if err := os.WriteFile(file, []byte(line), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := loadLog(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		v, ok := s.med(2*time.Millisecond, "warm", r.metric, "muxfs")
+		if !ok {
+			t.Errorf("%q: not read back from %q", r.metric, line)
+			continue
+		}
+		// The log keeps three significant digits.
+		if want := r.value; v < want*0.995 || v > want*1.005 {
+			t.Errorf("%q: read back %v, want %v", r.metric, v, want)
+		}
+		if s.higher["warm/"+r.metric] != r.higher {
+			t.Errorf("%q: higher is better read back as %v", r.metric, !r.higher)
+		}
+	}
+}
