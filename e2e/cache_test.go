@@ -72,6 +72,60 @@ func TestMetadataCacheAndRefresh(t *testing.T) {
 	})
 }
 
+// TestSymlinkTargetsCached: a symlink's target is cached like sshfs' (link timeout):
+// replaced on the server it shows after `muxfs refresh` or dcache_link_timeout;
+// replaced through the mount, at once.
+func TestSymlinkTargetsCached(t *testing.T) {
+	e := newEnv(t, 1)
+	os.MkdirAll(e.data[0]+"/links", 0o755) //nolint:errcheck
+	replace := func(target, at string) {
+		t.Helper()
+		os.Remove(at) //nolint:errcheck
+		if err := os.Symlink(target, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readlink := func(p, want string) {
+		t.Helper()
+		if got, err := os.Readlink(p); err != nil || got != want {
+			t.Errorf("readlink %s: %q %v, want %q", p, got, err, want)
+		}
+	}
+	replace("one", e.data[0]+"/links/l")
+	mp := e.mount(e.source(0, ""))
+	readlink(mp+"/links/l", "one")
+	replace("two", e.data[0]+"/links/l")
+	readlink(mp+"/links/l", "one") // within the timeout: cached
+	if out, err := exec.Command(muxfsBin, "refresh", mp+"/links").CombinedOutput(); err != nil {
+		t.Fatalf("muxfs refresh: %v %s", err, out)
+	}
+	readlink(mp+"/links/l", "two")
+	// ln -sfn through the mount: seen at once.
+	if out, err := exec.Command("ln", "-sfn", "three", mp+"/links/l").CombinedOutput(); err != nil {
+		t.Fatalf("ln -sfn: %v %s", err, out)
+	}
+	readlink(mp+"/links/l", "three")
+	readlink(e.data[0]+"/links/l", "three")
+
+	t.Run("dcache_link_timeout", func(t *testing.T) {
+		mp := e.mount("-o", "dcache_link_timeout=1", e.source(0, ""))
+		readlink(mp+"/links/l", "three")
+		replace("four", e.data[0]+"/links/l")
+		time.Sleep(1500 * time.Millisecond)
+		readlink(mp+"/links/l", "four")
+	})
+	t.Run("dcache_timeout", func(t *testing.T) {
+		// sshfs 3's name for cache_timeout: new names show after it.
+		mp := e.mount("-o", "dcache_timeout=1", e.source(0, ""))
+		names(t, mp+"/links")
+		writeFile(t, e.data[0]+"/links/later", "l")
+		time.Sleep(1500 * time.Millisecond)
+		if got := strings.Join(names(t, mp+"/links"), " "); !strings.Contains(got, "later") {
+			t.Errorf("after dcache_timeout a new name must show: %q", got)
+		}
+	})
+}
+
 // TestWriteErrorReported: with write-behind, a write the server refuses (a full disk)
 // must still fail the writer: at a later write or at close, never silently.
 func TestWriteErrorReported(t *testing.T) {

@@ -284,11 +284,16 @@ func TestOffline(t *testing.T) {
 	serverFile(t, e.data[0]+"/docs/cached.txt", []byte("kept"))
 	// Larger than what the content prefetch fetches when a sibling is read whole.
 	serverFile(t, e.data[0]+"/docs/uncached.txt", bytes.Repeat([]byte("not read\n"), 40<<10))
+	os.MkdirAll(e.data[0]+"/links", 0o755)                      //nolint:errcheck
+	os.Symlink("../docs/cached.txt", e.data[0]+"/links/latest") //nolint:errcheck
 	mp := e.mountpoint()
 	cmd := e.mountAt(mp, e.source(0, ""), "--cache-dir", cacheDir, "-o", "timeout=3")
 	names(t, mp+"/docs")
 	if readString(t, mp+"/docs/cached.txt") != "kept" {
 		t.Fatal("read before going offline")
+	}
+	if readString(t, mp+"/links/latest") != "kept" {
+		t.Fatal("read through a symlink before going offline")
 	}
 	time.Sleep(1200 * time.Millisecond) // the cache commits every second
 	e.servers[0].Kill()
@@ -337,6 +342,13 @@ func TestOffline(t *testing.T) {
 	}
 	if got := readString(t, mp+"/docs/cached.txt"); got != "kept" {
 		t.Errorf("content stored by the previous mount: %q", got)
+	}
+	// Symlink targets are stored too: a path through a symlink resolves offline.
+	if got, err := os.Readlink(mp + "/links/latest"); err != nil || got != "../docs/cached.txt" {
+		t.Errorf("symlink target stored by the previous mount: %q %v", got, err)
+	}
+	if got := readString(t, mp+"/links/latest"); got != "kept" {
+		t.Errorf("read through a symlink, offline: %q", got)
 	}
 	unmountAndWait(t, mp, cmd)
 

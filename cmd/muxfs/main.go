@@ -35,7 +35,12 @@ Mount options (-o name[=value],...; sshfs names where the meaning is the same):
                          full (default): memory caches, and file contents and
                          listings kept on disk; meta: listings only on disk;
                          memory: nothing on disk; off (or no): no caches
-  cache_timeout=S        how long cached metadata is trusted (default 20)
+  cache_timeout=S        how long cached metadata is trusted (default 20;
+                         sshfs 3 spells it dcache_timeout)
+  dcache_stat_timeout=S, dcache_dir_timeout=S, dcache_link_timeout=S
+                         the same for attributes, names and symlink targets alone
+                         (default: cache_timeout; sshfs 2: cache_stat_timeout, ...)
+  dcache_max_size=N      entries the memory cache holds at most (default 500000)
   dir_cache=yes|no       list subdirectories ahead of a walk (default yes)
   nocto                  opens trust metadata younger than cache_timeout instead of
                          asking the server (as sshfs; default: close-to-open)
@@ -53,8 +58,10 @@ Mount options (-o name[=value],...; sshfs names where the meaning is the same):
   compression=yes|no     ssh compression
   Name=value             any ssh_config option, passed to ssh
                          (IdentityFile, Ciphers, ProxyJump, ...)
-  reconnect, kernel_cache, auto_cache, large_read, big_writes
-                         accepted for sshfs compatibility: always on in muxfs`
+  reconnect, kernel_cache, auto_cache, large_read, big_writes,
+  dcache_clean_interval, dcache_min_clean_interval
+                         accepted for sshfs compatibility: muxfs always behaves so,
+                         or needs no such setting`
 
 func main() {
 	if err := newRoot().Execute(); err != nil {

@@ -312,7 +312,11 @@ func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger, bac
 	var meta *cache.Meta
 	var prefetch *cache.Prefetcher
 	if cfg.Options.Cache {
-		meta = cache.NewMeta(cfg.Options.CacheTimeout)
+		meta = cache.NewMeta(cfg.Options.ListingTimeout())
+		_, _, meta.LinkTTL = cfg.Options.MetaTimeouts()
+		if cfg.Options.CacheEntries > 0 {
+			meta.MaxEntries = cfg.Options.CacheEntries
+		}
 		if cfg.Options.DirCache {
 			prefetch = cache.NewPrefetcher(16)
 		}
@@ -593,7 +597,7 @@ func serve(cfg *config.Config, onReady func(mp string) error) error {
 	entry, attr, negative := cfg.Options.KernelTimeouts()
 	server, err := fsys.Mount(cfg.Mountpoint, fusefs.Options{
 		CacheDirs:          cfg.Options.Cache,
-		DirTimeout:         cfg.Options.CacheTimeout,
+		DirTimeout:         cfg.Options.ListingTimeout(),
 		FsName:             fsName(cfg),
 		AllowOther:         cfg.Options.AllowOther,
 		DefaultPermissions: cfg.Options.DefaultPermissions,

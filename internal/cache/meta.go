@@ -1,5 +1,6 @@
 // Package cache keeps what muxfs has learnt from its sources so that it need not ask
-// again: attributes, directory listings and missing names, for a limited time.
+// again: attributes, directory listings, missing names and symlink targets, for a
+// limited time.
 package cache
 
 import (
@@ -19,18 +20,21 @@ import (
 	"github.com/muxfs/muxfs/internal/backend"
 )
 
-// Meta is the metadata cache of one mount, shared by its sources. Entries live for TTL;
-// changes made through muxfs drop the entries they affect at once.
+// Meta is the metadata cache of one mount, shared by its sources. Attributes, listings
+// and missing names live for TTL, symlink targets for LinkTTL; changes made through
+// muxfs drop the entries they affect at once.
 type Meta struct {
-	TTL time.Duration
-	// MaxEntries bounds memory (attributes plus listed names); beyond it the oldest
-	// half is dropped.
+	TTL     time.Duration
+	LinkTTL time.Duration
+	// MaxEntries bounds memory (attributes, listed names and symlink targets); beyond
+	// it the expired entries and, if need be, others go until half is free.
 	MaxEntries int
 
 	mu      sync.Mutex
 	attrs   map[key]attrEntry
 	dirs    map[key]*dirEntry
-	entries int // attrs plus listed names
+	links   map[key]linkEntry
+	entries int // attrs, listed names and links
 	// kids indexes the paths that hold entries, and their ancestors, by parent
 	// directory, so that InvalidateTree visits a subtree only: scanning every entry
 	// at each rmdir, under mu, made an rm -rf quadratic in the cache's size.
@@ -69,6 +73,11 @@ type attrEntry struct {
 	expires time.Time
 }
 
+type linkEntry struct {
+	target  string
+	expires time.Time
+}
+
 type dirEntry struct {
 	list    []backend.Entry
 	byName  map[string]int
@@ -82,9 +91,13 @@ type dirEntry struct {
 	dirty map[string]bool
 }
 
-// NewMeta returns an empty cache.
+// DefaultMaxEntries bounds the cache when the user sets no bound (dcache_max_size).
+const DefaultMaxEntries = 500_000
+
+// NewMeta returns an empty cache whose entries, symlink targets included, live for ttl.
 func NewMeta(ttl time.Duration) *Meta {
-	return &Meta{TTL: ttl, MaxEntries: 500_000, attrs: map[key]attrEntry{}, dirs: map[key]*dirEntry{},
+	return &Meta{TTL: ttl, LinkTTL: ttl, MaxEntries: DefaultMaxEntries, attrs: map[key]attrEntry{},
+		dirs: map[key]*dirEntry{}, links: map[key]linkEntry{},
 		kids: map[key]map[string]struct{}{}, sources: map[int]struct{}{}}
 }
 
@@ -115,6 +128,9 @@ func (m *Meta) unindexLocked(k key) {
 			return
 		}
 		if _, in := m.dirs[k]; in {
+			return
+		}
+		if _, in := m.links[k]; in {
 			return
 		}
 		if len(m.kids[k]) > 0 {
@@ -214,6 +230,29 @@ func (m *Meta) putAttr(source int, p string, a backend.Attr, missing bool, now t
 	m.trimLocked(now)
 }
 
+// link answers a readlink from the cache.
+func (m *Meta) link(source int, p string, now time.Time) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, hit := m.links[key{source, p}]
+	return e.target, hit && now.Before(e.expires)
+}
+
+func (m *Meta) putLink(source int, p, target string, now time.Time, stamp uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gens[slot(source, p)] != stamp {
+		return
+	}
+	k := key{source, p}
+	if _, had := m.links[k]; !had {
+		m.entries++
+		m.indexLocked(k)
+	}
+	m.links[k] = linkEntry{target: target, expires: now.Add(m.LinkTTL)}
+	m.trimLocked(now)
+}
+
 func (m *Meta) listing(source int, p string, now time.Time) (list []backend.Entry, expires time.Time, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -259,6 +298,11 @@ func (m *Meta) trimLocked(now time.Time) {
 	for k, d := range m.dirs {
 		if !now.Before(d.expires) || m.entries > m.MaxEntries/2 {
 			m.dropListingLocked(k)
+		}
+	}
+	for k, e := range m.links {
+		if !now.Before(e.expires) || m.entries > m.MaxEntries/2 {
+			m.dropLinkLocked(k)
 		}
 	}
 }
@@ -339,6 +383,15 @@ func (m *Meta) MadeDir(source int, p string, now time.Time) {
 func (m *Meta) dropLocked(k key) {
 	m.dropAttrLocked(k)
 	m.dropListingLocked(k)
+	m.dropLinkLocked(k)
+}
+
+func (m *Meta) dropLinkLocked(k key) {
+	if _, had := m.links[k]; had {
+		delete(m.links, k)
+		m.entries--
+		m.unindexLocked(k)
+	}
 }
 
 func (m *Meta) dropAttrLocked(k key) {
@@ -435,6 +488,8 @@ type Persister interface {
 	LoadListing(p string) ([]backend.Entry, time.Time, bool)
 	SaveAttr(p string, a backend.Attr)
 	LoadAttr(p string) (backend.Attr, bool)
+	SaveLink(p, target string)
+	LoadLink(p string) (string, bool)
 	ForgetListings(dirs ...string)
 	ForgetTree(dir string)
 	// Listed is told of every listing handed out, from wherever it came.
@@ -483,6 +538,38 @@ func (s *Source) Lstat(ctx context.Context, p string) (backend.Attr, error) {
 	return a, err
 }
 
+// Readlink answers from the cache while the target is younger than LinkTTL (sshfs'
+// link timeout): `ls -l` of a directory of symlinks, or a path resolved through one
+// again and again, otherwise costs a round trip per symlink every time. A symlink
+// changed through muxfs is dropped at once (Symlink, Unlink, Rename all pass here);
+// one replaced on the server shows within LinkTTL, or at `muxfs refresh`. Targets
+// are also kept in the persistent cache, for an offline mount to resolve them.
+func (s *Source) Readlink(ctx context.Context, p string) (string, error) {
+	now := time.Now()
+	if t, ok := s.meta.link(s.id, p, now); ok {
+		s.hits.Add(1)
+		return t, nil
+	}
+	if s.persist != nil && s.offline() {
+		if t, ok := s.persist.LoadLink(p); ok {
+			s.hits.Add(1)
+			return t, nil
+		}
+		return "", &backend.Error{Op: "readlink", Source: s.String(), Path: p, Errno: syscall.EIO,
+			Cause: fmt.Errorf("%w: offline, and this symlink is not cached", backend.ErrUnavailable)}
+	}
+	s.misses.Add(1)
+	stamp := s.meta.stamp(s.id, p)
+	t, err := s.Backend.Readlink(ctx, p)
+	if err == nil {
+		s.meta.putLink(s.id, p, t, now, stamp)
+		if s.persist != nil && s.meta.stamp(s.id, p) == stamp {
+			s.persist.SaveLink(p, t)
+		}
+	}
+	return t, err
+}
+
 func (s *Source) ReadDir(ctx context.Context, p string) ([]backend.Entry, error) {
 	list, err := s.readDir(ctx, p)
 	if err == nil && s.persist != nil {
@@ -502,7 +589,7 @@ func (s *Source) readDir(ctx context.Context, p string) ([]backend.Entry, error)
 		}
 		return list, nil
 	}
-	if list, ok := s.storedListing(ctx, p, now, true); ok {
+	if list, ok := s.storedListing(ctx, p, now, true, false); ok {
 		s.hits.Add(1)
 		return list, nil
 	}
@@ -549,13 +636,15 @@ func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, e
 // storedListing answers a listing from the persistent cache (see the comment inside
 // for when it is fetched again). staleOK: a walk (or an offline lookup) asked, and an
 // old listing will do. Otherwise an old listing is not answered while the source is
-// up: the caller (the prefetch, in the background) fetches it instead.
-func (s *Source) storedListing(ctx context.Context, p string, now time.Time, staleOK bool) ([]backend.Entry, bool) {
+// up: the caller (the prefetch, in the background) fetches it instead. youngOnly: only
+// a listing younger than the TTL will do, even at its first use in this mount (for a
+// walk opening files with close-to-open off, whose opens trust nothing older).
+func (s *Source) storedListing(ctx context.Context, p string, now time.Time, staleOK, youngOnly bool) ([]backend.Entry, bool) {
 	if s.persist == nil {
 		return nil, false
 	}
 	list, at, ok := s.persist.LoadListing(p)
-	if !ok {
+	if !ok || youngOnly && now.Sub(at) >= s.meta.TTL {
 		return nil, false
 	}
 	stamp := s.meta.stamp(s.id, p)
@@ -617,7 +706,7 @@ func (s *Source) offlineLstat(ctx context.Context, p string) (backend.Attr, erro
 	if a, ok := s.persist.LoadAttr(p); ok {
 		return a, nil
 	}
-	if list, ok := s.storedListing(ctx, dir, time.Now(), true); ok {
+	if list, ok := s.storedListing(ctx, dir, time.Now(), true, false); ok {
 		for _, e := range list {
 			if e.Name == name {
 				return e.Attr, nil

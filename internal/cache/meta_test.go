@@ -17,7 +17,12 @@ import (
 // counting is a local backend that counts the requests reaching it.
 type counting struct {
 	backend.Backend
-	lstats, readdirs atomic.Int64
+	lstats, readdirs, readlinks atomic.Int64
+}
+
+func (c *counting) Readlink(ctx context.Context, p string) (string, error) {
+	c.readlinks.Add(1)
+	return c.Backend.Readlink(ctx, p)
 }
 
 func (c *counting) Lstat(ctx context.Context, p string) (backend.Attr, error) {
@@ -121,6 +126,70 @@ func TestExpiry(t *testing.T) {
 	}
 }
 
+// TestSymlinkTargets: a symlink's target is answered from the cache for LinkTTL;
+// a change made through the cache (a new symlink, unlink, rename) or a refresh drops
+// it at once, and a change on the server shows once LinkTTL has passed.
+func TestSymlinkTargets(t *testing.T) {
+	s, c, dir := newSource(t, time.Minute, nil)
+	ctx := context.Background()
+	readlink := func(p, want string) {
+		t.Helper()
+		if got, err := s.Readlink(ctx, p); err != nil || got != want {
+			t.Fatalf("readlink %s: %q %v, want %q", p, got, err, want)
+		}
+	}
+	os.Mkdir(dir+"/d", 0o755)     //nolint:errcheck
+	os.Symlink("one", dir+"/d/l") //nolint:errcheck
+	readlink("d/l", "one")
+	readlink("d/l", "one")
+	if n := c.readlinks.Load(); n != 1 {
+		t.Fatalf("readlinks reaching the source: %d, want 1", n)
+	}
+	// Replaced on the server: the cached target holds until a refresh.
+	os.Remove(dir + "/d/l")       //nolint:errcheck
+	os.Symlink("two", dir+"/d/l") //nolint:errcheck
+	readlink("d/l", "one")
+	s.Refresh("d")
+	readlink("d/l", "two")
+	// Changes through the cache are seen at once.
+	if err := s.Unlink(ctx, "d/l"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Symlink(ctx, "three", "d/l"); err != nil {
+		t.Fatal(err)
+	}
+	readlink("d/l", "three")
+	if err := s.Rename(ctx, "d", "e"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Readlink(ctx, "d/l"); err == nil {
+		t.Error("readlink of a renamed-away symlink succeeded")
+	}
+	readlink("e/l", "three")
+	if err := s.Symlink(ctx, "four", "e/m"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Rename(ctx, "e/m", "e/l"); err != nil {
+		t.Fatal(err)
+	}
+	readlink("e/l", "four")
+
+	// LinkTTL on its own.
+	s.meta.LinkTTL = 50 * time.Millisecond
+	os.Symlink("five", dir+"/n") //nolint:errcheck
+	readlink("n", "five")
+	os.Remove(dir + "/n")       //nolint:errcheck
+	os.Symlink("six", dir+"/n") //nolint:errcheck
+	readlink("n", "five")
+	time.Sleep(80 * time.Millisecond)
+	readlink("n", "six")
+
+	s.Refresh("")
+	if len(s.meta.links) != 0 || s.meta.entries != 0 || len(s.meta.kids) != 0 {
+		t.Errorf("left after a refresh of everything: %d links, count %d, index %v", len(s.meta.links), s.meta.entries, s.meta.kids)
+	}
+}
+
 // TestStaleAnswerNotStored: an answer fetched while a change was made must not be
 // cached, since it may predate the change.
 func TestStaleAnswerNotStored(t *testing.T) {
@@ -142,6 +211,13 @@ func TestTrim(t *testing.T) {
 	}
 	if m.entries > 100 || len(m.attrs) > 100 {
 		t.Errorf("cache grew to %d entries (limit 100)", len(m.attrs))
+	}
+	for i := 0; i < 1000; i++ {
+		p := fmt.Sprintf("link%d", i)
+		m.putLink(0, p, "target", now, m.stamp(0, p))
+	}
+	if m.entries > 100 || len(m.attrs)+len(m.links) > 100 {
+		t.Errorf("cache grew to %d entries with symlinks (limit 100)", len(m.attrs)+len(m.links))
 	}
 }
 
@@ -201,10 +277,12 @@ type memPersist struct {
 	dirs  map[string][]backend.Entry
 	at    map[string]time.Time
 	attrs map[string]backend.Attr
+	links map[string]string
 }
 
 func newMemPersist() *memPersist {
-	return &memPersist{dirs: map[string][]backend.Entry{}, at: map[string]time.Time{}, attrs: map[string]backend.Attr{}}
+	return &memPersist{dirs: map[string][]backend.Entry{}, at: map[string]time.Time{}, attrs: map[string]backend.Attr{},
+		links: map[string]string{}}
 }
 
 func (m *memPersist) SaveListing(p string, list []backend.Entry, at time.Time) {
@@ -233,12 +311,26 @@ func (m *memPersist) LoadAttr(p string) (backend.Attr, bool) {
 	return a, ok
 }
 
+func (m *memPersist) SaveLink(p, target string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.links[p] = target
+}
+
+func (m *memPersist) LoadLink(p string) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, ok := m.links[p]
+	return t, ok
+}
+
 func (m *memPersist) ForgetListings(dirs ...string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, d := range dirs {
 		delete(m.dirs, d)
 		delete(m.attrs, d)
+		delete(m.links, d)
 	}
 }
 
@@ -632,5 +724,93 @@ func TestNoCTOWalkFetchesAhead(t *testing.T) {
 	}
 	if n := src.readdirs.Load() - base; n != 3 {
 		t.Errorf("%d listings fetched, want 3 (the root after the open, d, and d/e ahead)", n)
+	}
+}
+
+// TestNoCTOWalkLoadsYoungListings: while a walk opens files with close-to-open off, the
+// prefetch loads a stored listing younger than the TTL (its opens may trust it) instead
+// of fetching it again.
+func TestNoCTOWalkLoadsYoungListings(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	for _, f := range []string{"top", "d/x"} {
+		os.MkdirAll(path.Dir(dir+"/"+f), 0o755)   //nolint:errcheck
+		os.WriteFile(dir+"/"+f, []byte(f), 0o644) //nolint:errcheck
+	}
+	l, err := backend.NewLocal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &trusting{counting: &counting{Backend: l}, trusted: map[string]backend.Attr{}}
+	store := newMemPersist()
+	s := Wrap(src, 0, NewMeta(time.Minute), nil)
+	s.SetPersist(store, func() bool { return false })
+	if _, err := s.ReadDir(ctx, "d"); err != nil {
+		t.Fatal(err)
+	}
+
+	s = Wrap(src, 0, NewMeta(time.Minute), NewPrefetcher(4))
+	s.SetPersist(store, func() bool { return false })
+	s.SetNoCTO(true)
+	f, err := s.Open(ctx, "top", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close(ctx) //nolint:errcheck
+	base := src.readdirs.Load()
+	if _, err := s.ReadDir(ctx, ""); err != nil { // not stored: fetched, d prefetched
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, ok := s.meta.recent(0, "d/x", time.Now()); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("d's stored listing not loaded ahead of the walk")
+		}
+	}
+	if n := src.readdirs.Load() - base; n != 1 {
+		t.Errorf("%d listings fetched, want 1 (the root; d is stored and young)", n)
+	}
+}
+
+// TestSymlinkTargetsOffline: targets read while online are kept by the persistent
+// store and answer an offline mount; a symlink changed through the mount is forgotten.
+func TestSymlinkTargetsOffline(t *testing.T) {
+	_, c, dir := newSource(t, time.Minute, nil)
+	ctx := context.Background()
+	store := newMemPersist()
+	offline := false
+	s := Wrap(c, 0, NewMeta(time.Minute), nil)
+	s.SetPersist(store, func() bool { return offline })
+	os.Symlink("target", dir+"/l") //nolint:errcheck
+	os.Symlink("other", dir+"/m")  //nolint:errcheck
+	for _, p := range []string{"l", "m"} {
+		if _, err := s.Readlink(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := store.LoadLink("m"); !ok {
+		t.Fatal("a target read online not stored")
+	}
+	if err := s.Unlink(ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := store.LoadLink("m"); ok {
+		t.Error("an unlinked symlink's target still stored")
+	}
+
+	s = Wrap(c, 0, NewMeta(time.Minute), nil) // a remount, offline
+	s.SetPersist(store, func() bool { return offline })
+	offline = true
+	before := c.readlinks.Load()
+	if got, err := s.Readlink(ctx, "l"); err != nil || got != "target" {
+		t.Errorf("offline readlink: %q %v", got, err)
+	}
+	if _, err := s.Readlink(ctx, "never-read"); backend.ToErrno(err) != syscall.EIO {
+		t.Errorf("offline readlink of an uncached symlink: %v, want EIO", err)
+	}
+	if n := c.readlinks.Load() - before; n != 0 {
+		t.Errorf("%d readlinks reached the source while offline", n)
 	}
 }

@@ -121,14 +121,11 @@ func (pf *Prefetcher) fetch(s *Source, k key, depth int) {
 	}
 	// A listing the persistent cache holds, unused in this mount or younger than the
 	// TTL, is loaded from it: after a remount the stored tree is read ahead of the
-	// walk, in parallel, with no request. Only the rest is asked of the source — and
-	// everything while a walk opens files with close-to-open off: its opens trust
-	// only what the source said within the TTL.
-	var list []backend.Entry
-	ok := false
-	if !s.opening(time.Now()) {
-		list, ok = s.storedListing(context.Background(), k.path, time.Now(), false)
-	}
+	// walk, in parallel, with no request. Only the rest is asked of the source — and,
+	// while a walk opens files with close-to-open off, every listing older than the
+	// TTL: its opens trust only what the source said within the TTL.
+	now := time.Now()
+	list, ok := s.storedListing(context.Background(), k.path, now, false, s.opening(now))
 	if !ok {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

@@ -60,10 +60,16 @@ type Options struct {
 	// session that leaves requests unanswered this long is dropped.
 	Timeout time.Duration
 
-	// Memory caches (sshfs names): attributes, listings and missing names are kept
-	// for CacheTimeout; DirCache also lists subdirectories ahead of a walk.
+	// Memory caches (sshfs names): attributes, listings, missing names and symlink
+	// targets are kept for CacheTimeout, or per kind for StatTimeout, DirTimeout and
+	// LinkTimeout (negative: CacheTimeout), up to CacheEntries entries; DirCache also
+	// lists subdirectories ahead of a walk.
 	Cache        bool
 	CacheTimeout time.Duration
+	StatTimeout  time.Duration
+	DirTimeout   time.Duration
+	LinkTimeout  time.Duration
+	CacheEntries int
 	DirCache     bool
 	// NoCTO turns close-to-open off: an open for reading trusts attributes a server
 	// gave within CacheTimeout instead of asking again (NFS' nocto).
@@ -89,11 +95,32 @@ type Options struct {
 	NegativeTimeout time.Duration
 }
 
+// MetaTimeouts resolves sshfs' per-kind timeouts: attributes (stat), names (dir:
+// listings and missing names) and symlink targets (link).
+func (o *Options) MetaTimeouts() (stat, dir, link time.Duration) {
+	or := func(v time.Duration) time.Duration {
+		if v >= 0 {
+			return v
+		}
+		return o.CacheTimeout
+	}
+	return or(o.StatTimeout), or(o.DirTimeout), or(o.LinkTimeout)
+}
+
+// ListingTimeout is how long muxfs keeps a listing, and the kernel its copy: a
+// listing carries names and their attributes together, so the shorter of the two
+// timeouts.
+func (o *Options) ListingTimeout() time.Duration {
+	stat, dir, _ := o.MetaTimeouts()
+	return min(stat, dir)
+}
+
 // KernelTimeouts resolves the kernel's entry, attribute and negative-entry timeouts.
-// With the caches on they follow cache_timeout, so that a warm tree is answered by the
-// kernel itself; changes made through the mount are seen at once either way, and
-// `muxfs refresh` drops everything for a subtree.
+// With the caches on they follow the names' and the attributes' timeouts, so that a
+// warm tree is answered by the kernel itself; changes made through the mount are seen
+// at once either way, and `muxfs refresh` drops everything for a subtree.
 func (o *Options) KernelTimeouts() (entry, attr, negative time.Duration) {
+	stat, dir, _ := o.MetaTimeouts()
 	pick := func(v, cached, plain time.Duration) time.Duration {
 		switch {
 		case v >= 0:
@@ -103,9 +130,9 @@ func (o *Options) KernelTimeouts() (entry, attr, negative time.Duration) {
 		}
 		return plain
 	}
-	return pick(o.EntryTimeout, o.CacheTimeout, time.Second),
-		pick(o.AttrTimeout, o.CacheTimeout, time.Second),
-		pick(o.NegativeTimeout, o.CacheTimeout, 0)
+	return pick(o.EntryTimeout, dir, time.Second),
+		pick(o.AttrTimeout, stat, time.Second),
+		pick(o.NegativeTimeout, dir, 0)
 }
 
 // Config is the whole mount: where, what, how.
@@ -127,6 +154,9 @@ func Defaults() Options {
 		CacheMinFree:    1 << 30,
 		Offline:         true,
 		CacheTimeout:    20 * time.Second, // sshfs' default
+		StatTimeout:     -1,
+		DirTimeout:      -1,
+		LinkTimeout:     -1,
 		DirCache:        true,
 		EntryTimeout:    -1,
 		AttrTimeout:     -1,
@@ -167,6 +197,12 @@ var acceptedNoOps = map[string]string{
 	"large_read":    "muxfs always uses large requests",
 	"big_writes":    "muxfs always uses large requests",
 	"delay_connect": "muxfs connects at mount to report errors at once",
+	// sshfs' cleaning intervals: muxfs drops an expired entry when it meets it, and
+	// half the entries when dcache_max_size is reached.
+	"dcache_clean_interval":     "muxfs drops expired entries as it meets them",
+	"dcache_min_clean_interval": "muxfs drops expired entries as it meets them",
+	"cache_clean_interval":      "muxfs drops expired entries as it meets them",
+	"cache_min_clean_interval":  "muxfs drops expired entries as it meets them",
 	// Standard mount(8) options that mount.fuse3 passes on.
 	"rw": "", "dev": "", "nodev": "", "suid": "", "nosuid": "", "exec": "", "noexec": "",
 	"atime": "", "noatime": "", "nodiratime": "", "relatime": "", "async": "", "auto": "",
@@ -322,6 +358,12 @@ func (c *Config) applyOption(key, val string, hasVal bool) error {
 		}
 		switch key {
 		case "cache_max_size":
+			if n > 0 && n < 1<<20 {
+				// sshfs 2 had an option of this name counting cached entries (10000
+				// by default): taken as bytes, an old fstab line would leave the
+				// persistent cache next to nothing.
+				return fmt.Errorf("option -o cache_max_size=%s: under 1M is too small for the persistent cache's data (a size such as 10G; 0: no limit); sshfs' count of cached entries is -o dcache_max_size=N", val)
+			}
 			o.CacheMaxSize = n
 		case "cache_min_free":
 			o.CacheMinFree = n
@@ -348,8 +390,25 @@ func (c *Config) applyOption(key, val string, hasVal bool) error {
 			return err
 		}
 		o.NoCTO = false
-	case "cache_timeout":
+	// sshfs 3 spells its cache options dcache_*, sshfs 2 cache_*: fstab lines of both
+	// work unchanged.
+	case "cache_timeout", "dcache_timeout":
 		return seconds(&o.CacheTimeout)
+	case "cache_stat_timeout", "dcache_stat_timeout":
+		return seconds(&o.StatTimeout)
+	case "cache_dir_timeout", "dcache_dir_timeout":
+		return seconds(&o.DirTimeout)
+	case "cache_link_timeout", "dcache_link_timeout":
+		return seconds(&o.LinkTimeout)
+	case "dcache_max_size":
+		if err := needVal(); err != nil {
+			return err
+		}
+		n, err := strconv.Atoi(val)
+		if err != nil || n < 1 {
+			return fmt.Errorf("option -o dcache_max_size=%s: want a number of entries, at least 1", val)
+		}
+		o.CacheEntries = n
 	case "entry_timeout":
 		return seconds(&o.EntryTimeout)
 	case "attr_timeout":

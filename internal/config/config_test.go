@@ -168,7 +168,7 @@ func TestLoadFileErrors(t *testing.T) {
 // FuzzOptions: any -o list is applied or refused with an error, never a panic, and
 // what is accepted stays within the documented ranges.
 func FuzzOptions(f *testing.F) {
-	for _, s := range []string{"allow_other,max_conns=8", "timeout=0.5", "cache=meta,cache_max_size=1.5G", "cache_min_free=NaN", "IdentityFile=/k", `a\,b`, "cache_timeout=-1", "port=0"} {
+	for _, s := range []string{"allow_other,max_conns=8", "timeout=0.5", "cache=meta,cache_max_size=1.5G", "cache_min_free=NaN", "IdentityFile=/k", `a\,b`, "cache_timeout=-1", "port=0", "dcache_stat_timeout=3,dcache_max_size=10"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
@@ -178,7 +178,9 @@ func FuzzOptions(f *testing.F) {
 		}
 		o := c.Options
 		if o.MaxConns < 1 || o.MaxConns > 64 || o.Timeout < 100*time.Millisecond || o.Port < 0 || o.Port > 65535 || o.CacheTimeout < 0 ||
-			o.CacheMaxSize < 0 || o.CacheMinFree < 0 || (o.DiskCache != DiskOff && o.DiskCache != DiskMeta && o.DiskCache != DiskFull) {
+			o.CacheMaxSize < 0 || (o.CacheMaxSize > 0 && o.CacheMaxSize < 1<<20) || o.CacheMinFree < 0 || o.CacheEntries < 0 ||
+			min(o.StatTimeout, o.DirTimeout, o.LinkTimeout) < -1 ||
+			(o.DiskCache != DiskOff && o.DiskCache != DiskMeta && o.DiskCache != DiskFull) {
 			t.Errorf("%q accepted out of range: %+v", in, o)
 		}
 	})
@@ -232,6 +234,75 @@ func TestCacheOptions(t *testing.T) {
 		if err := c.ApplyOptions(bad); err == nil {
 			t.Errorf("%s accepted", bad)
 		}
+	}
+}
+
+// TestSSHFSCacheTimeouts: sshfs 3's dcache_* options and sshfs 2's cache_* spellings
+// set the memory cache's timeouts per kind, which the kernel's timeouts follow.
+func TestSSHFSCacheTimeouts(t *testing.T) {
+	apply := func(opts string) Options {
+		t.Helper()
+		c := &Config{Options: Defaults()}
+		if err := c.ApplyOptions(opts); err != nil {
+			t.Fatalf("-o %s: %v", opts, err)
+		}
+		return c.Options
+	}
+	s := time.Second
+	o := apply("")
+	if stat, dir, link := o.MetaTimeouts(); stat != 20*s || dir != 20*s || link != 20*s || o.ListingTimeout() != 20*s {
+		t.Errorf("defaults: %v %v %v", stat, dir, link)
+	}
+	for _, opts := range []string{"dcache_timeout=7", "cache_timeout=7"} {
+		o := apply(opts)
+		stat, dir, link := o.MetaTimeouts()
+		entry, attr, negative := o.KernelTimeouts()
+		if stat != 7*s || dir != 7*s || link != 7*s || entry != 7*s || attr != 7*s || negative != 7*s {
+			t.Errorf("-o %s: meta %v %v %v, kernel %v %v %v", opts, stat, dir, link, entry, attr, negative)
+		}
+	}
+	for _, opts := range []string{
+		"dcache_timeout=30,dcache_stat_timeout=2,dcache_dir_timeout=60,dcache_link_timeout=5",
+		"cache_timeout=30,cache_stat_timeout=2,cache_dir_timeout=60,cache_link_timeout=5",
+	} {
+		o := apply(opts)
+		stat, dir, link := o.MetaTimeouts()
+		entry, attr, negative := o.KernelTimeouts()
+		if stat != 2*s || dir != 60*s || link != 5*s {
+			t.Errorf("-o %s: meta %v %v %v", opts, stat, dir, link)
+		}
+		// A listing holds names and attributes: kept for the shorter.
+		if o.ListingTimeout() != 2*s {
+			t.Errorf("-o %s: listings kept %v", opts, o.ListingTimeout())
+		}
+		if entry != 60*s || attr != 2*s || negative != 60*s {
+			t.Errorf("-o %s: kernel %v %v %v", opts, entry, attr, negative)
+		}
+	}
+	// The kernel's own options still win.
+	o = apply("dcache_stat_timeout=2,attr_timeout=9,entry_timeout=1")
+	if entry, attr, _ := o.KernelTimeouts(); entry != s || attr != 9*s {
+		t.Errorf("explicit kernel timeouts: %v %v", entry, attr)
+	}
+	if o := apply("dcache_max_size=1000,dcache_clean_interval=60,dcache_min_clean_interval=5,cache_clean_interval=60"); o.CacheEntries != 1000 {
+		t.Errorf("dcache_max_size: %d", o.CacheEntries)
+	}
+	for bad, want := range map[string]string{
+		"dcache_max_size=0":      "at least 1",
+		"dcache_max_size=many":   "number of entries",
+		"dcache_stat_timeout=-2": "number of seconds",
+		"dcache_link_timeout":    "dcache_link_timeout",
+		"cache_max_size=10000":   "dcache_max_size",
+		"cache_max_size=512K":    "too small",
+		"dcache_timeout=forever": "number of seconds",
+	} {
+		c := &Config{Options: Defaults()}
+		if err := c.ApplyOptions(bad); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("-o %s: %v, want an error saying %q", bad, err, want)
+		}
+	}
+	if o := apply("cache_max_size=0"); o.CacheMaxSize != 0 {
+		t.Errorf("cache_max_size=0 (no limit): %d", o.CacheMaxSize)
 	}
 }
 

@@ -133,11 +133,29 @@ func SourceKey(source string) string {
 	return hex.EncodeToString(sum[:12])
 }
 
-var (
-	bucketFiles = []byte("files")
-	bucketDirs  = []byte("dirs")
-	bucketAttrs = []byte("attrs")
+var bucketFiles = []byte("files")
+
+// The metadata kept per path beside the file records, one bucket each, all queued
+// for the next commit and forgotten alike: listings, the attributes of looked-up
+// paths, and symlink targets.
+const (
+	metaDirs = iota
+	metaAttrs
+	metaLinks
+	metaKinds
 )
+
+var metaBucket = [metaKinds][]byte{[]byte("dirs"), []byte("attrs"), []byte("links")}
+
+// metaSaves are values to commit per metadata bucket (a nil value: delete).
+type metaSaves [metaKinds]map[string][]byte
+
+func newMetaSaves() (m metaSaves) {
+	for i := range m {
+		m[i] = map[string][]byte{}
+	}
+	return m
+}
 
 // Store opens the cache of one source, named as the user knows it.
 func (c *Cache) Store(source string) (*Store, error) {
@@ -161,9 +179,9 @@ func (c *Cache) Store(source string) (*Store, error) {
 		return nil, fmt.Errorf("cache of %s: %w", source, err)
 	}
 	st := &Store{c: c, name: source, dir: dir, db: db, entries: map[string]*entry{},
-		dirSaves: map[string][]byte{}, attrSaves: map[string][]byte{}, gone: map[string]bool{}}
+		saves: newMetaSaves(), gone: map[string]bool{}}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketFiles, bucketDirs, bucketAttrs} {
+		for _, b := range append([][]byte{bucketFiles}, metaBucket[:]...) {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -188,10 +206,9 @@ type Store struct {
 	dir  string
 	db   *bolt.DB
 
-	mu        sync.Mutex
-	entries   map[string]*entry // open, or holding changes not yet committed
-	dirSaves  map[string][]byte // listings to commit (nil value: delete)
-	attrSaves map[string][]byte // attributes of looked-up paths to commit (nil: delete)
+	mu      sync.Mutex
+	entries map[string]*entry // open, or holding changes not yet committed
+	saves   metaSaves         // listings, attributes and symlink targets to commit
 	// gone are paths whose data file was removed (unlink, rename, truncate) and whose
 	// record is deleted with the next commit, not one commit each (an rm -rf of a
 	// cached tree). A record whose data file is gone names nothing, and until the
@@ -811,10 +828,14 @@ func (st *Store) flush() {
 		}
 		e.mu.Unlock()
 	}
-	dirs, attrs, gone := st.dirSaves, st.attrSaves, maps.Clone(st.gone)
-	st.dirSaves, st.attrSaves = map[string][]byte{}, map[string][]byte{}
+	saves, gone := st.saves, maps.Clone(st.gone)
+	st.saves = newMetaSaves()
 	st.mu.Unlock()
-	if len(todo) == 0 && len(dirs) == 0 && len(attrs) == 0 && len(gone) == 0 {
+	queued := len(todo) + len(gone)
+	for _, m := range saves {
+		queued += len(m)
+	}
+	if queued == 0 {
 		return
 	}
 	// Records are committed only for data known to be on disk: a failed write or
@@ -878,9 +899,9 @@ func (st *Store) flush() {
 			}
 			committed = append(committed, t)
 		}
-		for bucket, saves := range map[string]map[string][]byte{string(bucketDirs): dirs, string(bucketAttrs): attrs} {
-			b := tx.Bucket([]byte(bucket))
-			for p, v := range saves {
+		for kind, m := range saves {
+			b := tx.Bucket(metaBucket[kind])
+			for p, v := range m {
 				var err error
 				if v == nil {
 					err = b.Delete(dbKey(p))
@@ -1025,13 +1046,13 @@ func pathOf(k []byte) string {
 func (st *Store) SaveListing(p string, list []backend.Entry, at time.Time) {
 	v := encodeListing(list, at)
 	st.mu.Lock()
-	st.dirSaves[p] = v
+	st.saves[metaDirs][p] = v
 	st.mu.Unlock()
 }
 
 // LoadListing returns a stored listing and when it was fetched.
 func (st *Store) LoadListing(p string) ([]backend.Entry, time.Time, bool) {
-	v := st.loadQueued(st.dirSaves, bucketDirs, p)
+	v := st.loadQueued(metaDirs, p)
 	if v == nil {
 		return nil, time.Time{}, false
 	}
@@ -1039,17 +1060,17 @@ func (st *Store) LoadListing(p string) ([]backend.Entry, time.Time, bool) {
 	return list, at, err == nil
 }
 
-// loadQueued returns the value of key p: the one queued for the next commit, else the
-// database's (nil: none, or a deletion queued).
-func (st *Store) loadQueued(queue map[string][]byte, bucket []byte, p string) []byte {
+// loadQueued returns the value of key p of a metadata bucket: the one queued for the
+// next commit, else the database's (nil: none, or a deletion queued).
+func (st *Store) loadQueued(kind int, p string) []byte {
 	st.mu.Lock()
-	v, queued := queue[p]
+	v, queued := st.saves[kind][p]
 	st.mu.Unlock()
 	if queued {
 		return v
 	}
 	st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error is a miss
-		if b := tx.Bucket(bucket).Get(dbKey(p)); b != nil {
+		if b := tx.Bucket(metaBucket[kind]).Get(dbKey(p)); b != nil {
 			v = append([]byte(nil), b...)
 		}
 		return nil
@@ -1062,13 +1083,13 @@ func (st *Store) loadQueued(queue map[string][]byte, bucket []byte, p string) []
 func (st *Store) SaveAttr(p string, a backend.Attr) {
 	v := encodeAttr(a)
 	st.mu.Lock()
-	st.attrSaves[p] = v
+	st.saves[metaAttrs][p] = v
 	st.mu.Unlock()
 }
 
 // LoadAttr returns stored attributes of a path.
 func (st *Store) LoadAttr(p string) (backend.Attr, bool) {
-	v := st.loadQueued(st.attrSaves, bucketAttrs, p)
+	v := st.loadQueued(metaAttrs, p)
 	if v == nil {
 		return backend.Attr{}, false
 	}
@@ -1076,18 +1097,34 @@ func (st *Store) LoadAttr(p string) (backend.Attr, bool) {
 	return a, err == nil
 }
 
-// ForgetListings drops what is stored of the given paths: their listings and
-// attributes.
+// SaveLink keeps the target of a symlink read on the server, so that an offline mount
+// can still resolve it.
+func (st *Store) SaveLink(p, target string) {
+	st.mu.Lock()
+	st.saves[metaLinks][p] = []byte(target)
+	st.mu.Unlock()
+}
+
+// LoadLink returns the stored target of a symlink.
+func (st *Store) LoadLink(p string) (string, bool) {
+	v := st.loadQueued(metaLinks, p)
+	return string(v), v != nil
+}
+
+// ForgetListings drops what is stored of the given paths: their listings,
+// attributes and symlink targets.
 func (st *Store) ForgetListings(dirs ...string) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for _, d := range dirs {
-		st.dirSaves[d] = nil
-		st.attrSaves[d] = nil
+		for _, m := range st.saves {
+			m[d] = nil
+		}
 	}
 }
 
-// ForgetTree drops the stored listings at and below dir ("" is everything).
+// ForgetTree drops the stored listings, attributes and symlink targets at and below
+// dir ("" is everything).
 func (st *Store) ForgetTree(dir string) {
 	under := func(bucket []byte) []string {
 		var keys []string
@@ -1106,21 +1143,21 @@ func (st *Store) ForgetTree(dir string) {
 		})
 		return keys
 	}
-	dirKeys, attrKeys := under(bucketDirs), under(bucketAttrs)
+	var stored [metaKinds][]string
+	for kind := range stored {
+		stored[kind] = under(metaBucket[kind])
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	for _, m := range []map[string][]byte{st.dirSaves, st.attrSaves} {
+	for kind, m := range st.saves {
 		for p := range m {
 			if dir == "" || p == dir || strings.HasPrefix(p, dir+"/") {
 				m[p] = nil
 			}
 		}
-	}
-	for _, k := range dirKeys {
-		st.dirSaves[k] = nil
-	}
-	for _, k := range attrKeys {
-		st.attrSaves[k] = nil
+		for _, k := range stored[kind] {
+			m[k] = nil
+		}
 	}
 }
 
@@ -1139,7 +1176,7 @@ func (st *Store) Stats() Stats {
 	s := Stats{Source: st.name, Dir: st.dir, Bytes: st.used.Load(), HitBytes: st.hits.Load(), Fetched: st.misses.Load()}
 	st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // counts stay 0
 		s.Files = tx.Bucket(bucketFiles).Stats().KeyN
-		s.Dirs = tx.Bucket(bucketDirs).Stats().KeyN
+		s.Dirs = tx.Bucket(metaBucket[metaDirs]).Stats().KeyN
 		return nil
 	})
 	return s
@@ -1152,7 +1189,7 @@ func (st *Store) Clear() error {
 	for p := range st.entries {
 		busy[p] = true
 	}
-	st.dirSaves, st.attrSaves = map[string][]byte{}, map[string][]byte{}
+	st.saves = newMetaSaves()
 	st.mu.Unlock()
 	var paths []string
 	err := st.db.Update(func(tx *bolt.Tx) error {
@@ -1171,7 +1208,7 @@ func (st *Store) Clear() error {
 				return err
 			}
 		}
-		for _, b := range [][]byte{bucketDirs, bucketAttrs} {
+		for _, b := range metaBucket {
 			if err := tx.DeleteBucket(b); err != nil {
 				return err
 			}
@@ -1206,7 +1243,7 @@ func ReadStats(dir string) (Stats, error) {
 	}
 	defer db.Close()
 	err = db.View(func(tx *bolt.Tx) error {
-		fb, db := tx.Bucket(bucketFiles), tx.Bucket(bucketDirs)
+		fb, db := tx.Bucket(bucketFiles), tx.Bucket(metaBucket[metaDirs])
 		if fb == nil || db == nil {
 			return nil
 		}

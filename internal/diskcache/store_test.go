@@ -537,7 +537,10 @@ func TestRootListingPersists(t *testing.T) {
 	st.SaveListing("a", nil, at)
 	st.flush()
 	st.mu.Lock()
-	queued := len(st.dirSaves) + len(st.attrSaves)
+	queued := 0
+	for _, m := range st.saves {
+		queued += len(m)
+	}
 	st.mu.Unlock()
 	if queued != 0 {
 		t.Fatalf("%d saves still queued after the commit", queued)
