@@ -215,19 +215,26 @@ func (m *Meta) oldListing(source int, p string, now time.Time) bool {
 	return hit && now.Before(d.expires) && now.Sub(d.seen) >= m.TTL
 }
 
-func (m *Meta) putAttr(source int, p string, a backend.Attr, missing bool, now time.Time, stamp uint64) {
+// putEntry stores v at p in one of m's per-path maps (attributes, symlink targets),
+// unless a change to p was made since stamp was taken; a new key is counted and
+// indexed, and the cache trimmed.
+func putEntry[V any](m *Meta, entries map[key]V, source int, p string, v V, now time.Time, stamp uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.gens[slot(source, p)] != stamp {
 		return
 	}
 	k := key{source, p}
-	if _, had := m.attrs[k]; !had {
+	if _, had := entries[k]; !had {
 		m.entries++
 		m.indexLocked(k)
 	}
-	m.attrs[k] = attrEntry{attr: a, missing: missing, expires: now.Add(m.TTL)}
+	entries[k] = v
 	m.trimLocked(now)
+}
+
+func (m *Meta) putAttr(source int, p string, a backend.Attr, missing bool, now time.Time, stamp uint64) {
+	putEntry(m, m.attrs, source, p, attrEntry{attr: a, missing: missing, expires: now.Add(m.TTL)}, now, stamp)
 }
 
 // link answers a readlink from the cache.
@@ -239,18 +246,7 @@ func (m *Meta) link(source int, p string, now time.Time) (string, bool) {
 }
 
 func (m *Meta) putLink(source int, p, target string, now time.Time, stamp uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.gens[slot(source, p)] != stamp {
-		return
-	}
-	k := key{source, p}
-	if _, had := m.links[k]; !had {
-		m.entries++
-		m.indexLocked(k)
-	}
-	m.links[k] = linkEntry{target: target, expires: now.Add(m.LinkTTL)}
-	m.trimLocked(now)
+	putEntry(m, m.links, source, p, linkEntry{target: target, expires: now.Add(m.LinkTTL)}, now, stamp)
 }
 
 func (m *Meta) listing(source int, p string, now time.Time) (list []backend.Entry, expires time.Time, ok bool) {

@@ -678,10 +678,12 @@ func TestNoCTO(t *testing.T) {
 // TestNoCTOWalkFetchesAhead: with nocto, while files are being opened, a walk that
 // reaches a directory stored by an earlier mount has it fetched again and its
 // subdirectories fetched ahead, so that the opens in them are trusted.
-func TestNoCTOWalkFetchesAhead(t *testing.T) {
-	ctx := context.Background()
+// storedTree makes files (with their directories) on a local source, and a cache in
+// front of it with an in-memory persistent store.
+func storedTree(t *testing.T, files ...string) (*trusting, *memPersist, *Source) {
+	t.Helper()
 	dir := t.TempDir()
-	for _, f := range []string{"top", "d/x", "d/e/y"} {
+	for _, f := range files {
 		os.MkdirAll(path.Dir(dir+"/"+f), 0o755)   //nolint:errcheck
 		os.WriteFile(dir+"/"+f, []byte(f), 0o644) //nolint:errcheck
 	}
@@ -693,6 +695,12 @@ func TestNoCTOWalkFetchesAhead(t *testing.T) {
 	store := newMemPersist()
 	s := Wrap(src, 0, NewMeta(time.Minute), nil)
 	s.SetPersist(store, func() bool { return false })
+	return src, store, s
+}
+
+func TestNoCTOWalkFetchesAhead(t *testing.T) {
+	ctx := context.Background()
+	src, store, s := storedTree(t, "top", "d/x", "d/e/y")
 	for _, d := range []string{"", "d", "d/e"} {
 		if _, err := s.ReadDir(ctx, d); err != nil {
 			t.Fatal(err)
@@ -732,19 +740,7 @@ func TestNoCTOWalkFetchesAhead(t *testing.T) {
 // of fetching it again.
 func TestNoCTOWalkLoadsYoungListings(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	for _, f := range []string{"top", "d/x"} {
-		os.MkdirAll(path.Dir(dir+"/"+f), 0o755)   //nolint:errcheck
-		os.WriteFile(dir+"/"+f, []byte(f), 0o644) //nolint:errcheck
-	}
-	l, err := backend.NewLocal(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := &trusting{counting: &counting{Backend: l}, trusted: map[string]backend.Attr{}}
-	store := newMemPersist()
-	s := Wrap(src, 0, NewMeta(time.Minute), nil)
-	s.SetPersist(store, func() bool { return false })
+	src, store, s := storedTree(t, "top", "d/x")
 	if _, err := s.ReadDir(ctx, "d"); err != nil {
 		t.Fatal(err)
 	}
