@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/muxfs/muxfs/internal/backend"
 	"github.com/muxfs/muxfs/internal/diskcache"
@@ -74,9 +75,21 @@ func TestSmallFilesThroughPageCache(t *testing.T) {
 	}
 
 	read("large", large)
-	from = logSize(t, reqs)
-	read("large", large)
-	if os.Geteuid() == 0 && requestsSince(t, reqs, "BACKING_OPEN", from) == 0 {
-		t.Error("a large file held whole was not handed to the kernel (passthrough)")
+	if os.Geteuid() != 0 {
+		return // passthrough needs CAP_SYS_ADMIN
+	}
+	// The kernel sends the first open's RELEASE after close(2) has returned: until it
+	// is served the file counts as open through the page cache, and an open then gets
+	// no passthrough (the kernel refuses to mix the two). A loaded machine serves it
+	// late, so the next opens may have to wait for it.
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		from = logSize(t, reqs)
+		read("large", large)
+		if requestsSince(t, reqs, "BACKING_OPEN", from) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a large file held whole was not handed to the kernel (passthrough)")
+		}
 	}
 }
