@@ -304,6 +304,17 @@ func (m *mounted) report(mp string) mountStatus {
 	return out
 }
 
+// newMeta makes the memory cache the options ask for: sshfs' per-kind timeouts and
+// its bound on entries.
+func newMeta(o *config.Options) *cache.Meta {
+	meta := cache.NewMeta(o.ListingTimeout())
+	_, _, meta.LinkTTL = o.MetaTimeouts()
+	if o.CacheEntries > 0 {
+		meta.MaxEntries = o.CacheEntries
+	}
+	return meta
+}
+
 // openBackends connects every source, behind the memory caches unless they are off; on
 // failure everything opened is closed again.
 func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger, background bool) (*mux.Table, *mounted, error) {
@@ -312,11 +323,7 @@ func openBackends(ctx context.Context, cfg *config.Config, log *slog.Logger, bac
 	var meta *cache.Meta
 	var prefetch *cache.Prefetcher
 	if cfg.Options.Cache {
-		meta = cache.NewMeta(cfg.Options.ListingTimeout())
-		_, _, meta.LinkTTL = cfg.Options.MetaTimeouts()
-		if cfg.Options.CacheEntries > 0 {
-			meta.MaxEntries = cfg.Options.CacheEntries
-		}
+		meta = newMeta(&cfg.Options)
 		if cfg.Options.DirCache {
 			prefetch = cache.NewPrefetcher(16)
 		}

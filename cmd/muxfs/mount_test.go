@@ -2,6 +2,7 @@ package main
 
 import (
 	"testing"
+	"time"
 
 	"github.com/muxfs/muxfs/internal/config"
 	"github.com/muxfs/muxfs/internal/mountinfo"
@@ -33,5 +34,23 @@ func TestBuildConfig(t *testing.T) {
 	}
 	if _, err := buildConfig(mountFlags{}, []string{"/mnt/x"}); err == nil {
 		t.Error("no sources accepted")
+	}
+}
+
+// TestNewMeta: the memory cache gets sshfs' per-kind timeouts (listings the shorter of
+// attributes' and names', symlink targets their own) and dcache_max_size.
+func TestNewMeta(t *testing.T) {
+	o := config.Defaults()
+	m := newMeta(&o)
+	if m.TTL != 20*time.Second || m.LinkTTL != 20*time.Second || m.MaxEntries <= 0 {
+		t.Errorf("defaults: TTL %v, LinkTTL %v, MaxEntries %d", m.TTL, m.LinkTTL, m.MaxEntries)
+	}
+	c := &config.Config{Options: config.Defaults()}
+	if err := c.ApplyOptions("dcache_stat_timeout=3,dcache_dir_timeout=60,dcache_link_timeout=7,dcache_max_size=1000"); err != nil {
+		t.Fatal(err)
+	}
+	m = newMeta(&c.Options)
+	if m.TTL != 3*time.Second || m.LinkTTL != 7*time.Second || m.MaxEntries != 1000 {
+		t.Errorf("TTL %v, LinkTTL %v, MaxEntries %d; want 3s, 7s, 1000", m.TTL, m.LinkTTL, m.MaxEntries)
 	}
 }

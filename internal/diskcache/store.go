@@ -1126,27 +1126,24 @@ func (st *Store) ForgetListings(dirs ...string) {
 // ForgetTree drops the stored listings, attributes and symlink targets at and below
 // dir ("" is everything).
 func (st *Store) ForgetTree(dir string) {
-	under := func(bucket []byte) []string {
-		var keys []string
-		st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error leaves nothing to drop
+	// The stored keys at and below dir, per metadata bucket, read in one transaction.
+	var stored [metaKinds][]string
+	st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error leaves nothing to drop
+		prefix := []byte(dir + "/")
+		if dir == "" {
+			prefix = nil
+		}
+		for kind, bucket := range metaBucket {
 			c := tx.Bucket(bucket).Cursor()
-			prefix := []byte(dir + "/")
-			if dir == "" {
-				prefix = nil
-			} else if k, _ := c.Seek([]byte(dir)); k != nil && string(k) == dir {
-				keys = append(keys, dir)
+			if k, _ := c.Seek([]byte(dir)); dir != "" && k != nil && string(k) == dir {
+				stored[kind] = append(stored[kind], dir)
 			}
 			for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-				keys = append(keys, pathOf(k))
+				stored[kind] = append(stored[kind], pathOf(k))
 			}
-			return nil
-		})
-		return keys
-	}
-	var stored [metaKinds][]string
-	for kind := range stored {
-		stored[kind] = under(metaBucket[kind])
-	}
+		}
+		return nil
+	})
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for kind, m := range st.saves {

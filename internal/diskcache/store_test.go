@@ -562,6 +562,29 @@ func TestRootListingPersists(t *testing.T) {
 	}
 }
 
+// TestSymlinkTargetsStored: targets persist across a commit, and ForgetTree and
+// ForgetListings drop them with the paths' other records, and no others.
+func TestSymlinkTargetsStored(t *testing.T) {
+	c, s, _, _ := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	st := s.Store()
+	for _, p := range []string{"a/l", "a/b/l", "ab/l", "c/l"} {
+		st.SaveLink(p, "to-"+p)
+	}
+	st.flush()
+	if got, ok := st.LoadLink("a/b/l"); !ok || got != "to-a/b/l" {
+		t.Fatalf("stored target: %q %v", got, ok)
+	}
+	st.ForgetTree("a")
+	st.ForgetListings("c/l")
+	st.flush()
+	for p, kept := range map[string]bool{"a/l": false, "a/b/l": false, "ab/l": true, "c/l": false} {
+		if _, ok := st.LoadLink(p); ok != kept {
+			t.Errorf("%s: stored %v after forgetting a's tree and c/l, want %v", p, ok, kept)
+		}
+	}
+}
+
 // TestSmallFileHeldUntilCommit: a small file's data is kept in memory, served from
 // there, and written to its data file by the commit that records it (not in the path
 // of the read or write that brought it); the data is there after a remount.
