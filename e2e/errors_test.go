@@ -141,7 +141,9 @@ func TestBadInput(t *testing.T) {
 // into the tree; the mount stays up and shows the valid names.
 func TestHostileServer(t *testing.T) {
 	e := newEnv(t, 0)
-	mp, log, stop := mountHelperServer(t, e, "hostile-sftp", "", "fake:/")
+	// One session: every session muxfs opens starts its own fake server, each with
+	// its own in-memory tree, so a file written on one would be missing on another.
+	mp, log, stop := mountHelperServer(t, e, "hostile-sftp", "max_conns=1", "fake:/")
 	writeFile(t, mp+"/real.txt", "real")
 	got := strings.Join(names(t, mp), " ")
 	if got != "real.txt" {
