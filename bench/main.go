@@ -258,12 +258,17 @@ func summary(res []result) string {
 }
 
 // rawStream measures `ssh host cat FILE` through the same link: the limit of one SSH
-// stream, with ssh's default cipher and with the one muxfs prefers.
+// stream, with ssh's default cipher and with the one muxfs prefers. Where the file
+// systems write (0 ms), it measures the other direction too, `ssh host 'cat > FILE;
+// sync FILE'` (fio's write ends with an fsync): the server writing a new file from
+// one stream, the limit of a sequential write.
 func (b *bench) rawStream(rtt time.Duration) {
 	file := filepath.Join(b.data, "shared", "stream.dat")
 	if _, _, err := sh(fmt.Sprintf("test -s %s || dd if=/dev/urandom of=%s bs=1M count=%d status=none", file, file, b.seqMiB)); err != nil {
 		log.Fatal(err)
 	}
+	written := filepath.Join(b.data, "shared", "stream-written.dat")
+	defer os.Remove(written) //nolint:errcheck // the bench's own scratch file
 	for _, v := range []struct{ name, cipher string }{{"ssh-stream", ""}, {"ssh-stream-gcm", "-c aes128-gcm@openssh.com"}} {
 		opts := "-o " + strings.Join(b.env.sshOpts(), " -o ")
 		ssh := fmt.Sprintf("ssh %s %s -p %d %s@127.0.0.1", opts, v.cipher, b.env.proxies[rtt], b.env.server.User)
@@ -275,10 +280,17 @@ func (b *bench) rawStream(rtt time.Duration) {
 				dropCaches()
 				var d time.Duration
 				d, _, err = sh(fmt.Sprintf("%s cat %s > /dev/null", ssh, file))
+				res := []result{{"read", "MB/s", float64(b.seqMiB<<20) / mb / (d - setup).Seconds(), true}}
+				if err == nil && rtt == 0 {
+					os.Remove(written) //nolint:errcheck // each repetition writes a new file, as fio's write does
+					d, _, err = sh(fmt.Sprintf("%s 'cat > %s && sync %s' < %s", ssh, written, written, file))
+					res = append(res, result{"write", "MB/s", float64(b.seqMiB<<20) / mb / (d - setup).Seconds(), true})
+				}
 				if err == nil {
-					r := result{"read", "MB/s", float64(b.seqMiB<<20) / mb / (d - setup).Seconds(), true}
-					b.results.add(rtt, "seq", v.name, r)
-					log.Printf("%v seq %s rep %d: %s", rtt, v.name, rep+1, summary([]result{r}))
+					for _, r := range res {
+						b.results.add(rtt, "seq", v.name, r)
+					}
+					log.Printf("%v seq %s rep %d: %s", rtt, v.name, rep+1, summary(res))
 				}
 			}
 			if err != nil {
