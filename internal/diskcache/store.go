@@ -249,6 +249,7 @@ type entry struct {
 	persisted bool   // the database has a record for the path
 	detached  bool   // its path now names another file: never cached again (dropKeep)
 	fetching  bool   // fetched whole in the background (read at random)
+	stored    bool   // data written to the data file since a flush last took the entry
 	// mem holds the data of a small file that has no data file yet (see
 	// storeLocked); flush writes it to one before it commits the record.
 	mem []byte
@@ -456,6 +457,7 @@ func (e *entry) storeLocked(p []byte, off int64) bool {
 		if _, err := f.WriteAt(p, off); err != nil {
 			return false // a full disk: the data stays uncached
 		}
+		e.stored = true
 	}
 	e.addSpanLocked(off, off+int64(len(p)))
 	return true
@@ -815,6 +817,7 @@ func (st *Store) flush() {
 		gen  uint64
 		f    *os.File // its data file, if open
 		skip bool     // its data could not be written
+		drop bool     // a big file filled since the last round: drop its pages once synced
 	}
 	st.mu.Lock()
 	var todo []pending
@@ -824,7 +827,9 @@ func (st *Store) flush() {
 		if e.dirty && e.valid && !racy {
 			rec := e.rec
 			rec.Spans = append(spans(nil), e.rec.Spans...)
-			todo = append(todo, pending{e: e, rec: rec, gen: e.gen, f: e.f})
+			todo = append(todo, pending{e: e, rec: rec, gen: e.gen, f: e.f,
+				drop: e.stored && rec.Spans.bytes() >= dropPagesMin})
+			e.stored = false
 		}
 		e.mu.Unlock()
 	}
@@ -875,6 +880,11 @@ func (st *Store) flush() {
 			if f.Sync() != nil {
 				unsynced[f] = true
 			}
+		}
+	}
+	for _, t := range todo {
+		if t.drop && t.f != nil && !unsynced[t.f] {
+			dropPages(t.f)
 		}
 	}
 	var committed []pending
@@ -1285,3 +1295,23 @@ func (c *Cache) Stores() []*Store {
 
 // Name is the source the store caches.
 func (st *Store) Name() string { return st.name }
+
+// dropPagesMin: the data files of entries holding at least this much have their pages
+// dropped from the page cache once synced after a fill (dropPages). Smaller files,
+// and pages a read from the cache brought in (FUSE passthrough reads the data file
+// through the page cache: a second read is a memory copy), stay.
+const dropPagesMin = 16 << 20
+
+// dropPages tells the kernel to drop a synced data file's pages from its page cache.
+// A file being read through the mount is already in the page cache as the mount's own
+// pages: a second copy of every byte would double the memory a cold read of a big
+// file takes (FS-Cache's cachefiles writes with direct I/O for the same reason).
+func dropPages(f *os.File) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Control(func(fd uintptr) { //nolint:errcheck // advice only
+		unix.Fadvise(int(fd), 0, 0, unix.FADV_DONTNEED) //nolint:errcheck // advice only
+	})
+}

@@ -12,6 +12,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/muxfs/muxfs/internal/backend"
 )
@@ -786,5 +789,88 @@ func TestAppendReadsFromServer(t *testing.T) {
 	want, _ := os.ReadFile(p)
 	if !bytes.Equal(buf[:n], want[:n]) {
 		t.Errorf("the appender read %q; the server holds %q", buf[:n], want)
+	}
+}
+
+// residentPages counts the pages of the file at p that are in the page cache.
+func residentPages(t *testing.T, p string) int {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m) //nolint:errcheck
+	vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		t.Fatal(e)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
+}
+
+// TestBigDataFilesLeaveThePageCache: once synced, the data file of a big cached file
+// leaves the page cache (the mount's own pages hold what is being read; a second copy
+// doubled the memory of a cold read), and reads from the cache still give the data.
+// A small file's stay, and so do the pages a read from the cache brings in.
+func TestBigDataFilesLeaveThePageCache(t *testing.T) {
+	dir := t.TempDir()
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil || fs.Type == unix.TMPFS_MAGIC {
+		t.Skip("the page cache of tmpfs is its storage")
+	}
+	c, s, cb, remote := setup(t, dir, Options{})
+	defer c.Close()
+	big, small := data(dropPagesMin+1<<20, 3), data(1<<20, 4)
+	for name, b := range map[string][]byte{"big": big, "small": small} {
+		os.WriteFile(filepath.Join(remote, name), b, 0o644)                    //nolint:errcheck
+		os.Chtimes(filepath.Join(remote, name), time.Now(), time.Unix(1e9, 0)) //nolint:errcheck // not racy
+		readAll(t, s, name)
+	}
+	st := c.Stores()[0]
+	st.flush()
+	if n := residentPages(t, st.dataPath("big")); n > 0 {
+		t.Errorf("%d pages of the big file's synced data file are still in the page cache", n)
+	}
+	if n := residentPages(t, st.dataPath("small")); n == 0 {
+		t.Error("the small file's data file left the page cache")
+	}
+	// Read again from the cache, through a handle kept open while a record due for
+	// a commit without new data (its last use, refreshed once a minute) is flushed:
+	// the pages the read brought in stay.
+	before := cb.read.Load()
+	ctx := context.Background()
+	f, err := s.Open(ctx, "big", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close(ctx) //nolint:errcheck
+	got := make([]byte, len(big))
+	if n, err := f.ReadAt(ctx, got, 0); n != len(big) || !bytes.Equal(got, big) {
+		t.Fatalf("the big file read from the cache differs (%d bytes, %v)", n, err)
+	}
+	if cb.read.Load() != before {
+		t.Errorf("the big file was fetched again (%d bytes)", cb.read.Load()-before)
+	}
+	st.mu.Lock()
+	e := st.entries["big"]
+	st.mu.Unlock()
+	e.mu.Lock()
+	e.dirty = true
+	e.mu.Unlock()
+	st.flush()
+	if n := residentPages(t, st.dataPath("big")); n == 0 {
+		t.Error("the pages a read from the cache brought in were dropped: a second read would go to the disk")
 	}
 }

@@ -244,6 +244,7 @@ type fileHandle struct {
 	// taken again: a new mtime at every write would tell the kernel the file changed.
 	mu   sync.Mutex
 	attr backend.Attr
+	sent bool // a write or an attribute change has gone out through the handle
 
 	// use is held (read) by operations of the node that borrow this handle (a
 	// setattr); released is set under it when the kernel releases the handle, after
@@ -257,6 +258,20 @@ func (h *fileHandle) localAttr() backend.Attr {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.attr
+}
+
+// sending records that a request that changes the file is about to go out through
+// the handle, so that its close must wait for the server.
+func (h *fileHandle) sending() {
+	h.mu.Lock()
+	h.sent = true
+	h.mu.Unlock()
+}
+
+func (h *fileHandle) untouched() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !h.sent
 }
 
 func (h *fileHandle) wrote(off int64, n int, appending bool) {
@@ -304,6 +319,7 @@ var _ = (fs.FileWriter)((*fileHandle)(nil))
 
 func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	ctx = uninterruptible(ctx)
+	h.sending()
 	n, err := h.f.WriteAt(ctx, data, off)
 	if err != nil {
 		return uint32(n), h.n.fsys.toErrno(err)
@@ -318,7 +334,11 @@ var _ = (fs.FileFlusher)((*fileHandle)(nil))
 // handle, with the error of any write that failed (close-to-open consistency).
 func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	ctx = uninterruptible(ctx)
-	if !h.writable {
+	if !h.writable || h.untouched() {
+		// Nothing went to the server through this handle (a file created or opened
+		// for writing and closed untouched: bonnie++'s creates, a lock file): the
+		// file is as its open found it, with the changes since applied (applied) —
+		// no round trip, as NFS closes a file with nothing dirty.
 		return 0
 	}
 	// Stat flushes, then gives the server's size and mtime: what a stat after

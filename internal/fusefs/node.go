@@ -284,6 +284,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 				}
 			}
 		}
+		h.sending()
 		err = h.f.SetAttr(ctx, set)
 	} else {
 		if errno := n.flushWriters(ctx); errno != 0 {
