@@ -240,23 +240,55 @@ type readAhead struct {
 	turn   int   // which handle requests the next chunk, when striped
 }
 
+// raChunk is one READ of the read-ahead. Its bytes stay in the packet that carried
+// them (sftp.Data), which goes back to the packet pool when the last holder lets go:
+// the read-ahead itself, while the chunk is in its list, and each reader copying
+// from it (readers copy outside readAhead.mu, so a chunk can leave the list while
+// one still reads it).
 type raChunk struct {
-	off  int64
-	size int
-	pr   *sftp.PendingRead
-	once sync.Once
-	data []byte
-	err  error
+	off       int64
+	size      int
+	pr        *sftp.PendingRead
+	once      sync.Once
+	data      sftp.Data
+	err       error
+	collected atomic.Bool
+	refs      atomic.Int32
 }
 
-// wait returns the chunk's data, collecting the answer once.
+func newChunk(off int64, size int, pr *sftp.PendingRead) *raChunk {
+	c := &raChunk{off: off, size: size, pr: pr}
+	c.refs.Store(1) // the read-ahead's list
+	return c
+}
+
+// wait returns the chunk's bytes, collecting the answer once. The caller holds a
+// reference.
 func (c *raChunk) wait(ctx context.Context) ([]byte, error) {
 	c.once.Do(func() {
-		buf := make([]byte, c.size)
-		n, err := c.pr.Wait(ctx, buf)
-		c.data, c.err = buf[:n], err
+		c.data, c.err = c.pr.WaitData(ctx)
+		c.collected.Store(true)
 	})
-	return c.data, c.err
+	return c.data.B, c.err
+}
+
+func (c *raChunk) hold() { c.refs.Add(1) }
+
+// unref lets go of the chunk. The last holder recycles its packet — once its answer
+// is in: one nobody waited for is collected in the background (abandoned
+// read-ahead must still be collected), without holding up the caller.
+func (c *raChunk) unref() {
+	if c.refs.Add(-1) != 0 {
+		return
+	}
+	if c.collected.Load() {
+		c.data.Release()
+		return
+	}
+	go func() {
+		c.wait(context.Background()) //nolint:errcheck // only to recycle the packet
+		c.data.Release()
+	}()
 }
 
 // sequentialSlack is how far from the stream's position a read still counts as part of
@@ -265,7 +297,7 @@ const sequentialSlack = 1 << 20
 
 func (ra *readAhead) dropLocked() {
 	for _, c := range ra.chunks {
-		go c.wait(context.Background()) //nolint:errcheck // abandoned read-ahead must still be collected
+		c.unref()
 	}
 	ra.chunks, ra.window, ra.eofAt = nil, 0, -1
 }
@@ -321,6 +353,7 @@ func (f *sftpFile) readAt(ctx context.Context, h handle, p []byte, off int64) (i
 	var use []*raChunk
 	for _, c := range ra.chunks {
 		if c.off < end && c.off+int64(c.size) > off {
+			c.hold()
 			use = append(use, c)
 		}
 	}
@@ -328,25 +361,30 @@ func (f *sftpFile) readAt(ctx context.Context, h handle, p []byte, off int64) (i
 
 	n := 0
 	atEOF := false
-	for _, c := range use {
+	for i, c := range use {
 		pos := off + int64(n) - c.off
 		if pos < 0 {
-			break // a gap before this chunk: read it directly
+			unrefAll(use[i:]) // a gap before this chunk: read it directly
+			break
 		}
 		// A chunk whose session was lost gives its error (and a direct read on
 		// the current handle follows).
 		data, err := c.wait(ctx)
 		if err != nil && err != io.EOF {
+			unrefAll(use[i:])
 			break
 		}
 		if pos < int64(len(data)) {
 			n += copy(p[n:], data[pos:])
 		}
+		c.unref()
 		if len(data) < c.size {
 			atEOF = true
+			unrefAll(use[i+1:])
 			break
 		}
 		if n == len(p) {
+			unrefAll(use[i+1:])
 			break
 		}
 	}
@@ -371,6 +409,7 @@ func (f *sftpFile) readAt(ctx context.Context, h handle, p []byte, off int64) (i
 	}
 	// Forget chunks the stream has passed.
 	for len(ra.chunks) > 0 && ra.chunks[0].off+int64(ra.chunks[0].size) <= off-sequentialSlack {
+		ra.chunks[0].unref()
 		ra.chunks = ra.chunks[1:]
 	}
 	if err != nil {
@@ -380,6 +419,13 @@ func (f *sftpFile) readAt(ctx context.Context, h handle, p []byte, off int64) (i
 		ra.fillLocked(f.readHandles(h, ra.window))
 	}
 	return n, nil
+}
+
+// unrefAll lets go of chunks a reader held and did not get to.
+func unrefAll(cs []*raChunk) {
+	for _, c := range cs {
+		c.unref()
+	}
 }
 
 // fillLocked grows the window and requests chunks up to next+window, dealt over hs
@@ -413,7 +459,7 @@ func (ra *readAhead) fillLocked(hs []handle) {
 		if err != nil {
 			return
 		}
-		ra.chunks = append(ra.chunks, &raChunk{off: from, size: step, pr: pr})
+		ra.chunks = append(ra.chunks, newChunk(from, step, pr))
 		from += int64(step)
 	}
 }

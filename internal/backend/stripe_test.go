@@ -3,6 +3,7 @@ package backend
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -151,4 +152,51 @@ func TestSpareOpensFewAtOnce(t *testing.T) {
 		}
 	}
 	t.Error("the pool was not filled up")
+}
+
+// TestReadAheadSharedByConcurrentReaders: read-ahead chunks keep their bytes in the
+// packets that carried them, recycled once the last reader is done with them. Readers
+// of one handle at different places (the kernel's concurrent reads, two programs
+// reading one file) drop and refill the read-ahead under each other while a second
+// file's reads reuse the recycled packets: every byte read must be the file's.
+func TestReadAheadSharedByConcurrentReaders(t *testing.T) {
+	s, _, want := stripeSource(t, time.Hour, 24<<20, 7)
+	other := randomBytes(8<<20, 8)
+	os.WriteFile(s.members[0].abs("other"), other, 0o644) //nolint:errcheck
+	ctx := context.Background()
+	open := func(name string) File {
+		f, err := s.Open(ctx, name, os.O_RDONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close(ctx) }) //nolint:errcheck
+		return f
+	}
+	f, g := open("big"), open("other")
+	errs := make(chan error, 4)
+	read := func(f File, data []byte, start, step int) {
+		buf := make([]byte, step)
+		for i := range len(data) / step {
+			off := (start + i*step) % len(data)
+			n, err := f.ReadAt(ctx, buf, int64(off))
+			end := min(off+step, len(data))
+			if err == nil && (n != end-off || !bytes.Equal(buf[:n], data[off:end])) {
+				err = fmt.Errorf("read of %d bytes at %d: got %d bytes, not the file's", step, off, n)
+			}
+			if err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- nil
+	}
+	go read(f, want, 0, 128<<10)
+	go read(f, want, 64<<10, 128<<10)
+	go read(f, want, 12<<20, 96<<10)
+	go read(g, other, 0, 1<<20)
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
 }

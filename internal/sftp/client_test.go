@@ -551,3 +551,53 @@ func TestDeferredRequests(t *testing.T) {
 		t.Error("mkdir of an existing directory succeeded")
 	}
 }
+
+// TestWritevKeepsOrder: over a real pipe, a large WRITE goes out by writev with its
+// header and the deferred small requests ahead of it; pipelined small and large
+// writes, overlapping, land in the order sent (a later write wins), whatever the pipe
+// takes per call.
+func TestWritevKeepsOrder(t *testing.T) {
+	c, dir := serve(t)
+	if c.rc == nil {
+		t.Fatal("the client has no descriptor for a pipe from exec: writev is not used")
+	}
+	ctx := context.Background()
+	p := filepath.Join(dir, "f")
+	h, err := c.Open(ctx, p, FlagWrite|FlagCreate|FlagExcl, Attrs{Flags: AttrPermissions, Mode: 0o600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, 4*c.MaxWrite)
+	var pending []*PendingWrite
+	write := func(b []byte, off int) {
+		t.Helper()
+		pw, err := c.StartWrite(h, b, int64(off))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pending = append(pending, pw)
+		copy(want[off:], b)
+	}
+	for round := range 3 {
+		fill, base := byte('a'+round), round*c.MaxWrite
+		write(bytes.Repeat([]byte{fill}, 100), base+700)             // deferred; the large one covers it
+		write(bytes.Repeat([]byte{fill + 10}, c.MaxWrite), base+500) // writev, the deferred ahead of it
+		write(bytes.Repeat([]byte{fill + 20}, 10), base+600)         // deferred, over the large one
+	}
+	for _, pw := range pending {
+		if err := pw.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.CloseHandle(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = want[:2*c.MaxWrite+500+c.MaxWrite]
+	if !bytes.Equal(got, want) {
+		t.Fatalf("file differs from the writes in order (%d bytes, want %d)", len(got), len(want))
+	}
+}

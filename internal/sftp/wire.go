@@ -136,8 +136,12 @@ func (b *buffer) attrs(a *Attrs) {
 	}
 }
 
-func (b *buffer) finish() []byte {
-	binary.BigEndian.PutUint32(b.b, uint32(len(b.b)-4))
+func (b *buffer) finish() []byte { return b.finishWith(0) }
+
+// finishWith sets the length prefix of a packet whose last n bytes are sent after
+// b.b, from the caller's buffer.
+func (b *buffer) finishWith(n int) []byte {
+	binary.BigEndian.PutUint32(b.b, uint32(len(b.b)-4+n))
 	return b.b
 }
 
