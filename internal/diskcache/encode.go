@@ -151,6 +151,9 @@ func encodeRecord(r record) []byte {
 		b = binary.AppendVarint(b, s.Off)
 		b = binary.AppendVarint(b, s.End-s.Off)
 	}
+	if r.Inline {
+		b = append(b, 1) // optional last field: records before it end with the spans
+	}
 	return b
 }
 
@@ -182,6 +185,9 @@ func decodeRecord(v []byte) (record, error) {
 	for i := range r.Spans {
 		off := d.varint()
 		r.Spans[i] = span{Off: off, End: off + d.varint()}
+	}
+	if d.err == nil && len(d.b) == 1 && d.b[0] == 1 {
+		r.Inline, d.b = true, nil
 	}
 	if d.err != nil || len(d.b) != 0 {
 		return record{}, errCorrupt

@@ -75,6 +75,15 @@ func TestRecordEncoding(t *testing.T) {
 	if _, err := decodeRecord(append(v, 0)); err == nil {
 		t.Fatal("trailing byte accepted")
 	}
+	// A record whose bytes the database holds says so in an optional last field.
+	in := r
+	in.Inline = true
+	if got, err := decodeRecord(encodeRecord(in)); err != nil || !reflect.DeepEqual(got, in) {
+		t.Fatalf("inline round trip: %v %+v", err, got)
+	}
+	if _, err := decodeRecord(append(encodeRecord(in), 1)); err == nil {
+		t.Fatal("byte after the inline field accepted")
+	}
 	// Records of earlier versions (JSON) are still read: an upgrade keeps the cache.
 	old, err := decodeRecord([]byte(`{"s":10,"m":5,"r":[{"o":0,"e":10}],"u":7}`))
 	if err != nil || !reflect.DeepEqual(old, record{Size: 10, Mtime: 5, Used: 7, Spans: spans{{0, 10}}}) {

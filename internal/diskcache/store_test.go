@@ -874,3 +874,86 @@ func TestBigDataFilesLeaveThePageCache(t *testing.T) {
 		t.Error("the pages a read from the cache brought in were dropped: a second read would go to the disk")
 	}
 }
+
+// TestSmallFilesStoredInline: a whole small file's bytes are committed into the
+// database with its record — no data file — read back from there after a remount, and
+// follow every change: a write keeps it inline, growing past inlineMax moves it to a
+// data file, an unlink or an eviction deletes its bytes with its record.
+func TestSmallFilesStoredInline(t *testing.T) {
+	dir := t.TempDir()
+	c, s, _, remote := setup(t, dir, Options{})
+	ctx := context.Background()
+	old := func(name string) { // not racy: committed at the next flush
+		os.Chtimes(filepath.Join(remote, name), time.Now(), time.Unix(1e9, 0)) //nolint:errcheck
+	}
+	want := data(10<<10, 9)
+	for _, name := range []string{"s", "t", "u"} {
+		os.WriteFile(filepath.Join(remote, name), want, 0o644) //nolint:errcheck
+		old(name)
+		readAll(t, s, name)
+	}
+	s.st.flush()
+	for _, name := range []string{"s", "t", "u"} {
+		if _, err := os.Stat(s.st.dataPath(name)); err == nil {
+			t.Errorf("%s: a data file was made for a small file", name)
+		}
+	}
+	if n := s.st.inline.Load(); n != 3*10<<10 {
+		t.Errorf("%d bytes stored inline, want %d", n, 3*10<<10)
+	}
+	if n := s.st.c.memUsed.Load(); n != 0 {
+		t.Errorf("%d bytes still held in memory after the commit", n)
+	}
+	c.Close()
+
+	c, s, cb, _ := setupOn(t, dir, remote, Options{})
+	defer c.Close()
+	if got := readAll(t, s, "s"); !bytes.Equal(got, want) || cb.read.Load() != 0 {
+		t.Fatalf("after a remount: read %d bytes, %d of them from the server", len(got), cb.read.Load())
+	}
+	write := func(name string, p []byte, off int64) {
+		t.Helper()
+		f, err := s.Open(ctx, name, os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt(ctx, p, off); err != nil {
+			t.Fatal(err)
+		}
+		old(name)
+		f.Stat(ctx)  //nolint:errcheck // as fusefs does at close
+		f.Close(ctx) //nolint:errcheck
+		s.st.flush()
+	}
+	// A write over part of it: the rest comes from the database, the whole stays inline.
+	write("s", []byte("hello"), 100)
+	copy(want[100:], "hello")
+	if got := readAll(t, s, "s"); !bytes.Equal(got, want) || cb.read.Load() != 0 {
+		t.Fatalf("after a write: %d bytes from the server, content equal: %v", cb.read.Load(), bytes.Equal(got, want))
+	}
+	if _, err := os.Stat(s.st.dataPath("s")); err == nil {
+		t.Error("a write made a data file for a file still small")
+	}
+	// Grown past inlineMax: a data file, and the database's copy goes.
+	big := data(inlineMax+1, 10)
+	write("t", big, 0)
+	if _, err := os.Stat(s.st.dataPath("t")); err != nil {
+		t.Errorf("grown past inlineMax, no data file: %v", err)
+	}
+	if got := readAll(t, s, "t"); !bytes.Equal(got, big) || cb.read.Load() != 0 {
+		t.Fatal("grown file reads wrong or from the server")
+	}
+	if err := s.Unlink(ctx, "u"); err != nil {
+		t.Fatal(err)
+	}
+	s.st.flush()
+	if n := s.st.inline.Load(); n != 10<<10 {
+		t.Errorf("%d bytes stored inline after growing one file and unlinking another, want %d", n, 10<<10)
+	}
+	if !s.st.evictOne("s") || s.st.inline.Load() != 0 {
+		t.Errorf("evicted: %d bytes still stored inline", s.st.inline.Load())
+	}
+	if got := readAll(t, s, "s"); !bytes.Equal(got, want) || cb.read.Load() != int64(len(want)) {
+		t.Fatal("after the eviction, not read again from the server")
+	}
+}
