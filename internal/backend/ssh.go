@@ -303,7 +303,7 @@ type Pool struct {
 	up         chan struct{} // closed (and replaced) each time a reconnect succeeds
 	tried      chan struct{} // closed (and replaced) each time a reconnect attempt fails
 	reconnects int64
-	gone       sftp.Stats    // byte counts of sessions that have ended
+	gone       sftp.Stats    // byte and request counts of sessions that have ended
 	quit       chan struct{} // closed with the pool: stops the reconnect loop
 }
 
@@ -435,6 +435,7 @@ func (p *Pool) pruneLocked() *sftp.Client {
 			cs := s.client.Stats()
 			p.gone.BytesIn += cs.BytesIn
 			p.gone.BytesOut += cs.BytesOut
+			p.gone.Requests += cs.Requests
 			continue
 		}
 		live = append(live, s)
@@ -612,7 +613,7 @@ func (p *Pool) Stats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := PoolStats{Reconnects: p.reconnects, State: p.stateLocked()}
-	st.BytesIn, st.BytesOut = p.gone.BytesIn, p.gone.BytesOut
+	st.BytesIn, st.BytesOut, st.Requests = p.gone.BytesIn, p.gone.BytesOut, p.gone.Requests
 	if p.lastErr != nil {
 		st.LastError = p.lastErr.Error()
 	}
@@ -623,6 +624,7 @@ func (p *Pool) Stats() PoolStats {
 		st.InFlight += cs.InFlight
 		st.BytesIn += cs.BytesIn
 		st.BytesOut += cs.BytesOut
+		st.Requests += cs.Requests
 		if cs.RTT > 0 {
 			rtts = append(rtts, cs.RTT)
 		}

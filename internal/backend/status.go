@@ -31,6 +31,7 @@ type MemberStatus struct {
 	InFlight     int64   `json:"in_flight"`
 	BytesRead    int64   `json:"bytes_read"`
 	BytesWritten int64   `json:"bytes_written"`
+	Requests     int64   `json:"requests"` // SFTP requests sent, of every kind
 	Reconnects   int64   `json:"reconnects"`
 	LastError    string  `json:"last_error,omitempty"`
 	Writer       bool    `json:"writer,omitempty"` // takes the changes of a replica set
@@ -63,7 +64,7 @@ func (s *SFTP) Status() SourceStatus {
 		st.Members = append(st.Members, MemberStatus{
 			Server: m.name, State: ps.State.String(), Sessions: ps.Sessions,
 			RTTMillis: float64(ps.RTT) / float64(time.Millisecond), InFlight: ps.InFlight,
-			BytesRead: ps.BytesIn, BytesWritten: ps.BytesOut, Reconnects: ps.Reconnects,
+			BytesRead: ps.BytesIn, BytesWritten: ps.BytesOut, Requests: ps.Requests, Reconnects: ps.Reconnects,
 			LastError: ps.LastError, Writer: len(s.members) > 1 && i == w,
 		})
 	}

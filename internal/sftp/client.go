@@ -51,6 +51,7 @@ type Client struct {
 	minRTT     atomic.Int64 // the smallest seen, ns: the link's, without queueing
 	bytesIn    atomic.Int64 // file data received (READ replies)
 	bytesOut   atomic.Int64 // file data sent (WRITE requests)
+	requests   atomic.Int64 // requests sent, of every kind
 
 	// Largest READ and WRITE payloads the server accepts (limits@openssh.com, else
 	// the 32 KiB that every server must accept).
@@ -300,6 +301,7 @@ func (c *Client) beginData(b *buffer, data []byte, id uint32, deferred bool) (*c
 	}
 	c.pending[id] = ch
 	c.mu.Unlock()
+	c.requests.Add(1)
 	if err := c.send(b.finishWith(len(data)), data, deferred); err != nil {
 		c.fail(fmt.Errorf("writing request: %w", err))
 		return nil, c.Err()
@@ -479,6 +481,7 @@ type Stats struct {
 	InFlight          int64
 	RTT               time.Duration
 	BytesIn, BytesOut int64
+	Requests          int64
 }
 
 // MinRTT is the shortest round trip a request took on the session (0: none yet): the
@@ -488,7 +491,7 @@ func (c *Client) MinRTT() time.Duration { return time.Duration(c.minRTT.Load()) 
 // Stats returns the session's counters.
 func (c *Client) Stats() Stats {
 	return Stats{InFlight: c.InFlight(), RTT: time.Duration(c.rtt.Load()),
-		BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load()}
+		BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load(), Requests: c.requests.Load()}
 }
 
 // ErrStalled is the cause given when the watchdog ends a session that stopped

@@ -185,6 +185,7 @@ func TestNamespaceOps(t *testing.T) {
 func TestConcurrentRequests(t *testing.T) {
 	c, dir := serve(t)
 	ctx := context.Background()
+	before := c.Stats().Requests
 	var wg sync.WaitGroup
 	for i := 0; i < 64; i++ {
 		wg.Add(1)
@@ -198,6 +199,9 @@ func TestConcurrentRequests(t *testing.T) {
 	wg.Wait()
 	if c.InFlight() != 0 {
 		t.Errorf("in flight after all answered: %d", c.InFlight())
+	}
+	if n := c.Stats().Requests - before; n != 64 {
+		t.Errorf("64 requests counted as %d", n)
 	}
 }
 
