@@ -361,32 +361,30 @@ func (f *sftpFile) readAt(ctx context.Context, h handle, p []byte, off int64) (i
 
 	n := 0
 	atEOF := false
-	for i, c := range use {
+	for _, c := range use {
 		pos := off + int64(n) - c.off
 		if pos < 0 {
-			unrefAll(use[i:]) // a gap before this chunk: read it directly
-			break
+			break // a gap before this chunk: read it directly
 		}
 		// A chunk whose session was lost gives its error (and a direct read on
 		// the current handle follows).
 		data, err := c.wait(ctx)
 		if err != nil && err != io.EOF {
-			unrefAll(use[i:])
 			break
 		}
 		if pos < int64(len(data)) {
 			n += copy(p[n:], data[pos:])
 		}
-		c.unref()
 		if len(data) < c.size {
 			atEOF = true
-			unrefAll(use[i+1:])
 			break
 		}
 		if n == len(p) {
-			unrefAll(use[i+1:])
 			break
 		}
+	}
+	for _, c := range use {
+		c.unref() // copied from, or not got to
 	}
 	var err error
 	if n < len(p) && !atEOF {
@@ -419,13 +417,6 @@ func (f *sftpFile) readAt(ctx context.Context, h handle, p []byte, off int64) (i
 		ra.fillLocked(f.readHandles(h, ra.window))
 	}
 	return n, nil
-}
-
-// unrefAll lets go of chunks a reader held and did not get to.
-func unrefAll(cs []*raChunk) {
-	for _, c := range cs {
-		c.unref()
-	}
 }
 
 // fillLocked grows the window and requests chunks up to next+window, dealt over hs

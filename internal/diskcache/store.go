@@ -396,7 +396,6 @@ func (e *entry) inlineLocked() {
 	if !e.rec.Inline || e.mem != nil || e.f != nil {
 		return
 	}
-	e.rec.Inline = false
 	var mem []byte
 	e.st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error is a miss
 		if v := tx.Bucket(bucketInline).Get([]byte(e.path)); v != nil {
@@ -406,11 +405,11 @@ func (e *entry) inlineLocked() {
 	})
 	if mem == nil || int64(len(mem)) != e.rec.Size || !e.holdsExactlyLocked() {
 		e.st.used.Add(-e.rec.Spans.bytes())
-		e.rec.Spans = nil
+		e.rec.Spans, e.rec.Inline = nil, false
 		e.dirty = true
 		return
 	}
-	e.rec.Inline = true // until the bytes change: they are still those in the database
+	// rec.Inline stays: until they change, these are the bytes in the database.
 	e.st.c.memUsed.Add(int64(len(mem)))
 	e.mem = mem
 }
@@ -525,8 +524,11 @@ func (e *entry) addSpanLocked(off, end int64) {
 // nothing (fileLocked, keepInMemLocked), so what a write past the end or a truncate
 // up leaves between the old end and the new bytes reads as the zeros the server
 // holds there.
-func (e *entry) holdsExactlyLocked() bool {
-	return e.rec.Spans.covers(0, e.rec.Size) && e.rec.Spans.bytes() == e.rec.Size
+func (e *entry) holdsExactlyLocked() bool { return e.rec.holdsExactly() }
+
+// holdsExactly reports whether the record names the whole file and nothing past it.
+func (r record) holdsExactly() bool {
+	return r.Spans.covers(0, r.Size) && r.Spans.bytes() == r.Size
 }
 
 // keepInMemLocked keeps p at off in e.mem if e is a small file with no data file yet,
@@ -946,7 +948,7 @@ func (st *Store) flush() {
 		if t.e.gen == t.gen && t.f == nil {
 			switch n := int64(len(t.e.mem)); {
 			case t.e.mem == nil || t.rec.Inline: // nothing new, or already in the database
-			case n == t.rec.Size && n <= inlineMax && t.rec.Spans.covers(0, n) && t.rec.Spans.bytes() == n && inlined+n <= inlineTotalMax:
+			case n == t.rec.Size && n <= inlineMax && t.rec.holdsExactly() && inlined+n <= inlineTotalMax:
 				t.inline = append([]byte(nil), t.e.mem...)
 				t.rec.Inline = true
 				inlined += n
