@@ -337,56 +337,77 @@ func randomData(n int, seed int64) []byte {
 	return b
 }
 
-// sshChildren returns the ssh processes a muxfs process runs.
-func sshChildren(pid int) []int {
+// connections lists what carries a mount's SSH connections: its ssh processes
+// (-o transport=ssh), or else the servers' processes serving them (the in-process
+// transport has no process of its own to kill).
+func (e *env) connections(muxfsPID int) []int {
 	var out []int
-	for _, p := range sshd.Descendants(pid) {
+	for _, p := range sshd.Descendants(muxfsPID) {
 		comm, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/comm")
 		if strings.TrimSpace(string(comm)) == "ssh" {
 			out = append(out, p)
 		}
 	}
+	if len(out) > 0 {
+		return out
+	}
+	for _, srv := range e.servers {
+		out = append(out, srv.Sessions()...)
+	}
 	return out
 }
 
-func killSSH(t *testing.T, muxfsPID int) {
-	pids := sshChildren(muxfsPID)
+// cutConnections kills them: every connection of the mount ends at once.
+func (e *env) cutConnections(t *testing.T, muxfsPID int) {
+	pids := e.connections(muxfsPID)
 	if len(pids) == 0 {
-		t.Fatal("muxfs runs no ssh process to kill")
+		t.Fatal("the mount has no connection to cut")
 	}
 	for _, p := range pids {
 		syscall.Kill(p, syscall.SIGKILL) //nolint:errcheck
 	}
 }
 
-// TestFaultKillSSH: killing every ssh process of the mount in the middle of a
-// sequential read, a sequential write and a metadata storm is invisible to them:
-// muxfs reconnects, reopens the files and sends the unacknowledged writes again.
+// TestFaultKillSSH: cutting every connection of the mount (killing its ssh
+// processes, or with the in-process transport the server's sessions) in the middle
+// of a sequential read, a sequential write and a metadata storm is invisible to
+// them: muxfs reconnects, reopens the files and sends the unacknowledged writes
+// again. Both transports.
 func TestFaultKillSSH(t *testing.T) {
-	e := newEnv(t, 1)
-	mp := e.mountpoint()
-	cmd := e.mountAt(mp, e.source(0, ""), "-o", "timeout=3")
-	w := startWorkload(t, mp, e.data[0])
-	for i := 0; i < 3; i++ {
-		time.Sleep(time.Second)
-		killSSH(t, cmd.Process.Pid)
-	}
-	t.Logf("recovered after %v", w.faultEnded())
-	w.finish(false)
-	out := run(t, muxfsBin+" status --json "+mp)
-	var st struct {
-		Sources []struct {
-			Retries, Reopened int64
-			Members           []struct{ Reconnects int64 }
-		}
-	}
-	if err := json.Unmarshal([]byte(out), &st); err != nil || len(st.Sources) != 1 {
-		t.Fatalf("status --json: %v\n%s", err, out)
-	}
-	s := st.Sources[0]
-	t.Logf("status: %d requests retried, %d open files reopened, %d reconnects", s.Retries, s.Reopened, s.Members[0].Reconnects)
-	if s.Members[0].Reconnects < 3 {
-		t.Errorf("three kills, %d reconnects counted", s.Members[0].Reconnects)
+	for _, transport := range []string{"native", "ssh"} {
+		t.Run(transport, func(t *testing.T) {
+			e := newEnv(t, 1)
+			mp := e.mountpoint()
+			cmd := e.mountAt(mp, e.source(0, ""), "-o", "timeout=3,transport="+transport)
+			w := startWorkload(t, mp, e.data[0])
+			for i := 0; i < 3; i++ {
+				time.Sleep(time.Second)
+				e.cutConnections(t, cmd.Process.Pid)
+			}
+			t.Logf("recovered after %v", w.faultEnded())
+			w.finish(false)
+			out := run(t, muxfsBin+" status --json "+mp)
+			var st struct {
+				Sources []struct {
+					Retries, Reopened int64
+					Members           []struct {
+						Reconnects int64
+						Transport  string
+					}
+				}
+			}
+			if err := json.Unmarshal([]byte(out), &st); err != nil || len(st.Sources) != 1 {
+				t.Fatalf("status --json: %v\n%s", err, out)
+			}
+			s := st.Sources[0]
+			t.Logf("status: %d requests retried, %d open files reopened, %d reconnects", s.Retries, s.Reopened, s.Members[0].Reconnects)
+			if s.Members[0].Reconnects < 3 {
+				t.Errorf("three kills, %d reconnects counted", s.Members[0].Reconnects)
+			}
+			if s.Members[0].Transport != transport {
+				t.Errorf("sessions run %q, not %q", s.Members[0].Transport, transport)
+			}
+		})
 	}
 }
 
@@ -480,8 +501,8 @@ sources = [
 }
 
 // TestRandomIntegrityWithKills drives one file on the mount with random pwrite,
-// truncate, read and fsync, compared with an in-memory model, while the mount's ssh
-// processes are killed every half second. No operation may fail and no byte differ.
+// truncate, read and fsync, compared with an in-memory model, while the mount's
+// connections are cut every half second. No operation may fail and no byte differ.
 func TestRandomIntegrityWithKills(t *testing.T) {
 	e := newEnv(t, 1)
 	mp := e.mountpoint()
@@ -502,7 +523,7 @@ func TestRandomIntegrityWithKills(t *testing.T) {
 				return
 			case <-time.After(500 * time.Millisecond):
 			}
-			for _, p := range sshChildren(cmd.Process.Pid) {
+			for _, p := range e.connections(cmd.Process.Pid) {
 				syscall.Kill(p, syscall.SIGKILL) //nolint:errcheck
 			}
 			kills++

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -118,12 +119,16 @@ func runDemo(args []string, keep bool) error {
 	fmt.Printf("muxfs demo: two SSH servers on 127.0.0.1:%d and 127.0.0.1:%d\n", servers[0].Port, servers[1].Port)
 	fmt.Printf("  server 1 exports %s\n  server 2 exports %s\n  muxed into       %s\n\n", dataDirs["home"], dataDirs["project"], mp)
 	return serve(cfg, func(mp string) error {
-		return demoTour(mp, dataDirs)
+		return demoTour(mp, dataDirs, servers)
 	})
 }
 
+// cutPIDs stands in a demo step for the servers' session processes, found only when
+// the step runs.
+const cutPIDs = "SERVER-SESSION-PIDS"
+
 // demoTour drives the mount from a shell, a separate process, as a user would.
-func demoTour(mp string, dataDirs map[string]string) error {
+func demoTour(mp string, dataDirs map[string]string, servers []*sshd.Server) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -136,11 +141,20 @@ func demoTour(mp string, dataDirs map[string]string) error {
 		{"a new file goes where its directory exists (data/ is on server 2)", "echo hello > " + mp + "/data/new.txt && ls " + dataDirs["project"] + "/data"},
 		{"rename and remove work as on a local disk", "mv " + mp + "/data/new.txt " + mp + "/data/renamed.txt && rm " + mp + "/data/renamed.txt && ls " + mp + "/data"},
 		{"capacity is the sum of both servers", "df -h " + mp},
-		{"every ssh connection killed: muxfs reconnects by itself, nothing fails",
-			fmt.Sprintf("pkill -KILL -x -P %d ssh; cat %s/README.txt && md5sum %s/src/*.c", os.Getpid(), mp, mp)},
+		{"every SSH connection cut at the servers (their sshd processes killed): muxfs reconnects by itself, nothing fails",
+			"kill -KILL " + cutPIDs + "; cat " + mp + "/README.txt && md5sum " + mp + "/src/*.c"},
 		{"the health of each server: sessions, round-trip time, traffic, reconnects", self + " status " + mp},
 	}
 	for _, s := range steps {
+		if strings.Contains(s.cmd, cutPIDs) {
+			var pids []string
+			for _, srv := range servers {
+				for _, p := range srv.Sessions() {
+					pids = append(pids, strconv.Itoa(p))
+				}
+			}
+			s.cmd = strings.Replace(s.cmd, cutPIDs, strings.Join(pids, " "), 1)
+		}
 		fmt.Printf("# %s\n$ %s\n", s.say, strings.ReplaceAll(s.cmd, mp, "MNT"))
 		c := exec.Command("/bin/sh", "-c", s.cmd)
 		c.Stdout, c.Stderr = os.Stdout, os.Stderr

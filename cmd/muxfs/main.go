@@ -28,6 +28,11 @@ Mount options (-o name[=value],...; sshfs names where the meaning is the same):
   port=N                 ssh port (same as -p N)
   ssh_command=CMD        run CMD instead of ssh
   sftp_server=PATH       run PATH on the server instead of the sftp subsystem
+  transport=auto|ssh|native
+                         auto (default): SSH in-process when ssh's configuration
+                         for the host allows (plain TCP, host key in known_hosts,
+                         keys usable without a prompt), else the ssh program;
+                         ssh: always the ssh program; native: never it
   max_conns=N            SFTP sessions per server (default 4)
   timeout=S              every request to a server ends within S seconds, reconnects
                          and retries included (default 30)

@@ -519,7 +519,7 @@ func endpoint(cfg *config.Config, src, ms config.Source) *backend.Endpoint {
 	ep := &backend.Endpoint{
 		Host: ms.Host, User: ms.User, Port: ms.Port,
 		SSHCommand: o.SSHCommand, ConfigFile: o.ConfigFile, SFTPServer: o.SFTPServer,
-		MaxConns: o.MaxConns, Timeout: o.Timeout,
+		Transport: o.Transport, MaxConns: o.MaxConns, Timeout: o.Timeout,
 	}
 	if ep.Port == 0 {
 		ep.Port = o.Port

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -140,7 +141,11 @@ func printStatus(out io.Writer, st mountStatus) {
 }
 
 func memberCols(m memberStatus) string {
-	return fmt.Sprintf("%d\t%s\t%d\t%s\t%s", m.Sessions, fmtRTT(m.RTTMillis), m.InFlight, fmtBytes(m.BytesRead), fmtBytes(m.BytesWritten))
+	sessions := strconv.Itoa(m.Sessions)
+	if m.Transport != "" {
+		sessions += " " + m.Transport
+	}
+	return fmt.Sprintf("%s\t%s\t%d\t%s\t%s", sessions, fmtRTT(m.RTTMillis), m.InFlight, fmtBytes(m.BytesRead), fmtBytes(m.BytesWritten))
 }
 
 func colsTail(m memberStatus, hits string) string {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,6 +36,10 @@ type Endpoint struct {
 	// Timeout ends a session that leaves requests unanswered this long (the stall
 	// watchdog), and bounds each request with its retries (see SFTP); 0: none.
 	Timeout time.Duration
+	// Transport is TransportAuto (""), TransportSSH or TransportNative (native.go).
+	Transport string
+
+	native *nativePlan // set by Dial when sessions may be opened in-process
 }
 
 // String is the endpoint as a user would type it.
@@ -59,6 +64,16 @@ func (e *Endpoint) command(batch bool) []string {
 	if len(argv) == 0 {
 		argv = []string{"ssh"}
 	}
+	argv = append(argv, e.options(batch)...)
+	if e.SFTPServer != "" {
+		return append(argv, "--", e.Host, e.SFTPServer)
+	}
+	return append(argv, "-s", "--", e.Host, "sftp")
+}
+
+// options are ssh's arguments before the host: also what `ssh -G` is asked with.
+func (e *Endpoint) options(batch bool) []string {
+	var argv []string
 	if e.ConfigFile != "" {
 		argv = append(argv, "-F", e.ConfigFile)
 	}
@@ -80,10 +95,7 @@ func (e *Endpoint) command(batch bool) []string {
 	if e.User != "" {
 		argv = append(argv, "-l", e.User)
 	}
-	if e.SFTPServer != "" {
-		return append(argv, "--", e.Host, e.SFTPServer)
-	}
-	return append(argv, "-s", "--", e.Host, "sftp")
+	return argv
 }
 
 // ConnectError is a failure to open an SFTP session, with ssh's own explanation.
@@ -142,17 +154,38 @@ func connectHint(says string) string {
 	return ""
 }
 
-// session is one `ssh -s sftp` process and its SFTP client.
+// session is one SFTP client and what carries it: an `ssh -s sftp` process, or an
+// in-process SSH connection.
 type session struct {
 	client *sftp.Client
-	cmd    *exec.Cmd
+	cmd    *exec.Cmd // through the ssh program
+	conn   net.Conn  // in-process
 }
 
-// startSession spawns ssh and runs the SFTP handshake. interactive leaves ssh in our
+// startSession opens a session the endpoint's way: in-process when Dial found that
+// possible (and no session has since been refused that way), else through ssh.
+func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog.Logger) (*session, error) {
+	p := ep.native
+	if p == nil || p.broken.Load() {
+		return startSSH(ctx, ep, interactive, log)
+	}
+	s, err := startNative(ctx, ep, p, log)
+	switch {
+	case err == nil || !errors.Is(err, errHandedOver):
+		return s, err
+	case ep.Transport == TransportNative:
+		return nil, nativeOnly(ep, err)
+	}
+	p.broken.Store(true)
+	log.Info("the ssh program takes over from the in-process transport", "endpoint", ep.String(), "why", err)
+	return startSSH(ctx, ep, interactive, log)
+}
+
+// startSSH spawns ssh and runs the SFTP handshake. interactive leaves ssh in our
 // process group with the terminal, so that a first connection can ask for a passphrase
 // or a host-key confirmation like ssh and sshfs do; later sessions run in their own
 // session with BatchMode, so they never touch the terminal.
-func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog.Logger) (*session, error) {
+func startSSH(ctx context.Context, ep *Endpoint, interactive bool, log *slog.Logger) (*session, error) {
 	argv := ep.command(!interactive)
 	cmd := exec.Command(findProgram(argv[0]), argv[1:]...)
 	// Pdeathsig: if muxfs dies, its ssh processes go with it.
@@ -366,6 +399,17 @@ func userChoseCiphers(ep *Endpoint) bool {
 func Dial(ctx context.Context, ep *Endpoint, log *slog.Logger) (*Pool, error) {
 	if !userChoseCiphers(ep) {
 		ep.SSHOptions = append(ep.SSHOptions, "Ciphers=^"+preferredCipher)
+	}
+	if ep.Transport != TransportSSH {
+		p, why := planNative(ep)
+		switch {
+		case p != nil:
+			ep.native = p
+		case ep.Transport == TransportNative:
+			return nil, nativeOnly(ep, errors.New(why))
+		default:
+			log.Debug("sessions go through the ssh program", "endpoint", ep.String(), "why", why)
+		}
 	}
 	s, err := startSession(ctx, ep, term.IsTerminal(int(os.Stdin.Fd())), log)
 	if err != nil {
@@ -605,6 +649,7 @@ type PoolStats struct {
 	Sessions   int
 	Reconnects int64
 	LastError  string
+	Transport  string // TransportNative or TransportSSH: how the live sessions run ("" with none; the latest one's)
 	sftp.Stats
 }
 
@@ -621,6 +666,10 @@ func (p *Pool) Stats() PoolStats {
 	for _, s := range p.sessions {
 		cs := s.client.Stats()
 		st.Sessions++
+		st.Transport = TransportSSH
+		if s.conn != nil {
+			st.Transport = TransportNative
+		}
 		st.InFlight += cs.InFlight
 		st.BytesIn += cs.BytesIn
 		st.BytesOut += cs.BytesOut

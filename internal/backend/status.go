@@ -27,6 +27,7 @@ type MemberStatus struct {
 	Server       string  `json:"server"`
 	State        string  `json:"state"`
 	Sessions     int     `json:"sessions"`
+	Transport    string  `json:"transport,omitempty"` // the live sessions': native (in-process SSH) or ssh (the program)
 	RTTMillis    float64 `json:"rtt_ms"`
 	InFlight     int64   `json:"in_flight"`
 	BytesRead    int64   `json:"bytes_read"`
@@ -62,7 +63,7 @@ func (s *SFTP) Status() SourceStatus {
 			up++
 		}
 		st.Members = append(st.Members, MemberStatus{
-			Server: m.name, State: ps.State.String(), Sessions: ps.Sessions,
+			Server: m.name, State: ps.State.String(), Sessions: ps.Sessions, Transport: ps.Transport,
 			RTTMillis: float64(ps.RTT) / float64(time.Millisecond), InFlight: ps.InFlight,
 			BytesRead: ps.BytesIn, BytesWritten: ps.BytesOut, Requests: ps.Requests, Reconnects: ps.Reconnects,
 			LastError: ps.LastError, Writer: len(s.members) > 1 && i == w,

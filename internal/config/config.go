@@ -54,6 +54,7 @@ type Options struct {
 	ConfigFile string
 	SSHCommand []string
 	SFTPServer string
+	Transport  string // auto (""), ssh or native: how SFTP sessions reach the server
 	SSHOptions []string
 	MaxConns   int
 	// Timeout bounds every request to a server, reconnects and retries included; a
@@ -312,6 +313,14 @@ func (c *Config) applyOption(key, val string, hasVal bool) error {
 			return err
 		}
 		o.SFTPServer = val
+	case "transport":
+		if err := needVal(); err != nil {
+			return err
+		}
+		if val != "auto" && val != "ssh" && val != "native" {
+			return fmt.Errorf("option -o transport=%s: want auto, ssh or native", val)
+		}
+		o.Transport = val
 	case "max_conns":
 		if err := needVal(); err != nil {
 			return err

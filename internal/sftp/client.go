@@ -355,9 +355,24 @@ func (c *Client) writeBufs(bufs ...[]byte) error {
 	case len(iov) == 1:
 		_, err := c.w.Write(iov[0])
 		return err
-	case c.rc == nil: // a writer without a descriptor still gets one Write per call
-		_, err := c.w.Write(bytes.Join(iov, nil))
-		return err
+	case c.rc == nil:
+		// A writer without a descriptor (the in-process SSH channel): the small
+		// parts go in one Write, so they travel in one SSH packet; a data tail goes
+		// on its own rather than be copied once more to join them.
+		head, tail := iov, []byte(nil)
+		if last := iov[len(iov)-1]; len(last) >= 32<<10 {
+			head, tail = iov[:len(iov)-1], last
+		}
+		if len(head) > 0 {
+			if _, err := c.w.Write(bytes.Join(head, nil)); err != nil {
+				return err
+			}
+		}
+		if tail != nil {
+			_, err := c.w.Write(tail)
+			return err
+		}
+		return nil
 	}
 	var werr error
 	err := c.rc.Write(func(fd uintptr) bool {

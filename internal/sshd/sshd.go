@@ -265,6 +265,16 @@ func (s *Server) Kill() {
 	<-s.done
 }
 
+// Sessions lists the processes serving the server's connections (each connection's
+// sshd processes, and what they run): killing them cuts every connection at the
+// server's end, whichever way the client reached it.
+func (s *Server) Sessions() []int {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return nil
+	}
+	return Descendants(s.cmd.Process.Pid)
+}
+
 // start runs sshd in the foreground, its output kept for the log.
 func (s *Server) start(sshdPath string) error {
 	s.done = make(chan struct{})

@@ -1,0 +1,182 @@
+package backend
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/muxfs/muxfs/internal/sshd"
+)
+
+// nativeEnv is a real sshd on loopback and the keys that reach it.
+type nativeEnv struct {
+	keys *sshd.Keys
+	srv  *sshd.Server
+	dir  string // the server's data
+	log  *bytes.Buffer
+}
+
+func newNativeEnv(t *testing.T) *nativeEnv {
+	t.Helper()
+	tmp := t.TempDir()
+	keys, err := sshd.NewKeys(filepath.Join(tmp, "keys"))
+	if err != nil {
+		t.Skip(err)
+	}
+	srv, err := sshd.Start(filepath.Join(tmp, "srv"), keys)
+	if err != nil {
+		t.Skip(err)
+	}
+	t.Cleanup(srv.Stop)
+	dir := filepath.Join(tmp, "data")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return &nativeEnv{keys: keys, srv: srv, dir: dir, log: &bytes.Buffer{}}
+}
+
+// endpoint reaches the server with the test keys, and opts after them.
+func (e *nativeEnv) endpoint(transport string, opts ...string) *Endpoint {
+	return &Endpoint{Host: "127.0.0.1", Port: e.srv.Port, User: e.srv.User, Transport: transport,
+		SSHOptions: append(e.keys.SSHOptions(), opts...), MaxConns: 2, Timeout: 3 * time.Second}
+}
+
+func (e *nativeEnv) dial(t *testing.T, ep *Endpoint) (*Pool, error) {
+	t.Helper()
+	pool, err := Dial(context.Background(), ep, slog.New(slog.NewTextHandler(e.log, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err == nil {
+		pool.Acquire()
+		t.Cleanup(pool.Release)
+	}
+	return pool, err
+}
+
+// TestNativeSession: with ssh's configuration allowing it, sessions run in-process
+// (no ssh process), move files both ways, and come back by themselves after the
+// server cut every connection.
+func TestNativeSession(t *testing.T) {
+	e := newNativeEnv(t)
+	pool, err := e.dial(t, e.endpoint(""))
+	if err != nil {
+		t.Fatalf("dial: %v\n%s", err, e.log)
+	}
+	if st := pool.Stats(); st.Transport != TransportNative {
+		t.Fatalf("transport %q, want native; log:\n%s", st.Transport, e.log)
+	}
+	s := newTestSource(t, 5*time.Second, e.dir, pool)
+	ctx := context.Background()
+	want := randomBytes(3<<20, 3)
+	for round := 0; round < 2; round++ {
+		name := fmt.Sprintf("f%d", round)
+		f, err := s.Open(ctx, name, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt(ctx, want, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := os.ReadFile(filepath.Join(e.dir, name)); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("round %d: the server's file differs (%v)", round, err)
+		}
+		for _, p := range e.srv.Sessions() {
+			syscall.Kill(p, syscall.SIGKILL) //nolint:errcheck // may be gone
+		}
+	}
+	st := pool.Stats()
+	if st.Reconnects < 1 || st.Transport != TransportNative {
+		t.Errorf("after the cut: %d reconnects, transport %q; want ≥ 1, native", st.Reconnects, st.Transport)
+	}
+}
+
+// TestNativeHandsOver: what only ssh can do goes to ssh — a host key not in
+// known_hosts, a changed host key, a key the server refuses, a ProxyCommand — and
+// -o transport=native says so instead.
+func TestNativeHandsOver(t *testing.T) {
+	e := newNativeEnv(t)
+	other, err := sshd.NewKeys(filepath.Join(t.TempDir(), "other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A known_hosts with a different key under the server's name.
+	changed := filepath.Join(t.TempDir(), "changed_hosts")
+	otherKey, err := os.ReadFile(other.Identity + ".pub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(changed, fmt.Appendf(nil, "[127.0.0.1]:%d %s", e.srv.Port, otherKey), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, sshSays string
+		opts          []string
+		planned       bool // the configuration alone allows in-process
+	}{
+		{"unknown host", "host key verification failed", []string{"UserKnownHostsFile=/dev/null"}, false},
+		{"changed host key", "host key", []string{"UserKnownHostsFile=" + changed}, true},
+		{"refused key", "permission denied", []string{"IdentityFile=" + other.Identity}, true},
+		{"proxy command", "connection closed", []string{"ProxyCommand=/bin/false"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ep := e.endpoint("")
+			ep.SSHOptions = caseOptions(ep.SSHOptions, c.opts)
+			p, why := planNative(ep)
+			if (p != nil) != c.planned {
+				t.Fatalf("planned %v (%s), want %v", p != nil, why, c.planned)
+			}
+			_, err := e.dial(t, ep)
+			var ce *ConnectError
+			if !errors.As(err, &ce) || !strings.Contains(strings.ToLower(ce.SSHSays), c.sshSays) {
+				t.Fatalf("want ssh's own %q, got %v\nlog:\n%s", c.sshSays, err, e.log)
+			}
+			native := e.endpoint(TransportNative)
+			native.SSHOptions = caseOptions(native.SSHOptions, c.opts)
+			_, err = e.dial(t, native)
+			if err == nil || !strings.Contains(err.Error(), "transport=native") {
+				t.Fatalf("transport=native: want its own error, got %v", err)
+			}
+		})
+	}
+}
+
+// caseOptions puts a case's options in front of the test keys' (ssh keeps the first
+// value it reads); an identity file replaces theirs, since ssh offers every one given.
+func caseOptions(keys, opts []string) []string {
+	out := append([]string(nil), opts...)
+	for _, o := range keys {
+		if !strings.HasPrefix(o, "IdentityFile=") || !slices.ContainsFunc(opts, func(c string) bool { return strings.HasPrefix(c, "IdentityFile=") }) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// TestNativeUnreachable: a port nobody listens on is reported in ssh's words, so the
+// hint and the offline start read it as they read ssh.
+func TestNativeUnreachable(t *testing.T) {
+	e := newNativeEnv(t)
+	ep := e.endpoint(TransportNative)
+	ep.Port = 1 // nothing listens on loopback port 1
+	h, _ := os.ReadFile(filepath.Join(e.srv.Dir, "host_ed25519.pub"))
+	kh := filepath.Join(t.TempDir(), "kh")
+	if err := os.WriteFile(kh, append([]byte("[127.0.0.1]:1 "), h...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ep.SSHOptions = append([]string{"UserKnownHostsFile=" + kh}, ep.SSHOptions...)
+	_, err := e.dial(t, ep)
+	var ce *ConnectError
+	if !errors.As(err, &ce) || !ce.Unreachable() || !strings.Contains(err.Error(), "no SSH server listens there") {
+		t.Fatalf("want an unreachable server with its hint, got %v", err)
+	}
+}
