@@ -434,7 +434,7 @@ func startNative(ctx context.Context, ep *Endpoint, p *nativePlan, log *slog.Log
 		go keepAlive(client, sc, p.alive, max(p.aliveCount, 1))
 	}
 	log.Debug("in-process ssh session", "endpoint", ep.String(), "addr", p.addr)
-	return &session{client: sc, conn: conn}, nil
+	return newSession(sc, ep, log, nil, conn), nil
 }
 
 // keepAlive is ssh's ServerAliveInterval: a link that stops answering is found dead

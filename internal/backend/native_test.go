@@ -100,6 +100,42 @@ func TestNativeSession(t *testing.T) {
 	}
 }
 
+// TestNativeStall: an in-process session whose server stops answering is ended by
+// the stall watchdog like one through ssh, and the next request runs on a new one.
+func TestNativeStall(t *testing.T) {
+	e := newNativeEnv(t)
+	ep := e.endpoint(TransportNative)
+	ep.Timeout = 2 * time.Second
+	pool, err := e.dial(t, ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newTestSource(t, time.Second, e.dir, pool)
+	ctx := context.Background()
+	if _, err := s.Lstat(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	stopped := e.srv.Sessions()
+	for _, p := range stopped {
+		syscall.Kill(p, syscall.SIGSTOP) //nolint:errcheck // may be gone
+	}
+	t.Cleanup(func() {
+		for _, p := range stopped {
+			syscall.Kill(p, syscall.SIGCONT) //nolint:errcheck // may be gone
+		}
+	})
+	if _, err := s.Lstat(ctx, ""); err == nil {
+		t.Fatal("lstat on a stopped server succeeded")
+	}
+	time.Sleep(2500 * time.Millisecond) // the watchdog's 2 s, and some
+	if _, err := s.Lstat(ctx, ""); err != nil {
+		t.Fatalf("lstat after the stall, with the stalled sessions still stopped: %v", err)
+	}
+	if st := pool.Stats(); st.Reconnects < 1 {
+		t.Errorf("%d reconnects, want ≥ 1", st.Reconnects)
+	}
+}
+
 // TestNativeHandsOver: what only ssh can do goes to ssh — a host key not in
 // known_hosts, a changed host key, a key the server refuses, a ProxyCommand — and
 // -o transport=native says so instead.

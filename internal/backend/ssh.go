@@ -286,6 +286,12 @@ func startSSH(ctx context.Context, ep *Endpoint, interactive bool, log *slog.Log
 	lastMu.Lock()
 	connected = true
 	lastMu.Unlock()
+	return newSession(client, ep, log, cmd, nil), nil
+}
+
+// newSession sets a connected client going, either transport: the stall watchdog,
+// and a warning when the session ends other than by Close.
+func newSession(client *sftp.Client, ep *Endpoint, log *slog.Logger, cmd *exec.Cmd, conn net.Conn) *session {
 	client.Watch(ep.Timeout)
 	go func() {
 		<-client.Done()
@@ -293,7 +299,7 @@ func startSSH(ctx context.Context, ep *Endpoint, interactive bool, log *slog.Log
 			log.Warn("SFTP session ended", "endpoint", ep.String(), "err", err)
 		}
 	}()
-	return &session{client: client, cmd: cmd}, nil
+	return &session{client: client, cmd: cmd, conn: conn}
 }
 
 // findProgram resolves a program name, also where PATH is empty: mount(8) starts
@@ -371,27 +377,17 @@ func userChoseCiphers(ep *Endpoint) bool {
 	if len(ep.SSHCommand) > 0 && filepath.Base(ep.SSHCommand[0]) != "ssh" {
 		return true // another program: do not guess its options
 	}
-	effective := func(configFile string) string {
-		args := []string{"-G"}
-		if configFile != "" {
-			args = append(args, "-F", configFile)
-		}
-		for _, o := range ep.SSHOptions {
-			args = append(args, "-o"+o)
-		}
-		out, err := exec.Command(findProgram("ssh"), append(args, "--", ep.Host)...).Output()
-		if err != nil {
+	effective := func(e *Endpoint) string {
+		cfg, err := sshConfig(e)
+		if err != nil || len(cfg["ciphers"]) == 0 {
 			return ""
 		}
-		for _, line := range strings.Split(string(out), "\n") {
-			if v, ok := strings.CutPrefix(line, "ciphers "); ok {
-				return v
-			}
-		}
-		return ""
+		return cfg["ciphers"][0]
 	}
-	mine := effective(ep.ConfigFile)
-	return mine == "" || mine != effective("/dev/null")
+	bare := *ep
+	bare.ConfigFile = "/dev/null"
+	mine := effective(ep)
+	return mine == "" || mine != effective(&bare)
 }
 
 // Dial opens the first session (interactive if stdin is a terminal) and returns the
