@@ -275,11 +275,11 @@ func (p *nativePlan) knownKeys() []ssh.PublicKey {
 	return keys
 }
 
-// signers are the keys ssh would offer, in its order: the agent's (only those of
-// the identity files with IdentitiesOnly), then the identity files the agent does not
-// hold. A key file that needs a passphrase the agent cannot stand in for makes the
-// plan unusable: ssh would ask for it. The agent connection, if any, is returned for
-// the caller to close after the handshake.
+// signers are the keys ssh would offer, in its order: the identity files (through
+// the agent when it holds them), then the agent's other keys unless IdentitiesOnly. A
+// key file that needs a passphrase the agent cannot stand in for makes the plan
+// unusable: ssh would ask for it. The agent connection, if any, is returned for the
+// caller to close after the handshake.
 func (p *nativePlan) signers() ([]ssh.Signer, io.Closer, error) {
 	var fromAgent []ssh.Signer
 	var conn net.Conn
@@ -289,37 +289,47 @@ func (p *nativePlan) signers() ([]ssh.Signer, io.Closer, error) {
 			fromAgent, _ = agent.NewClient(c).Signers()
 		}
 	}
-	inAgent := func(k ssh.PublicKey) bool {
-		return slices.ContainsFunc(fromAgent, func(s ssh.Signer) bool { return bytes.Equal(s.PublicKey().Marshal(), k.Marshal()) })
+	agentKey := func(k ssh.PublicKey) int {
+		return slices.IndexFunc(fromAgent, func(s ssh.Signer) bool { return bytes.Equal(s.PublicKey().Marshal(), k.Marshal()) })
 	}
-	var out, files []ssh.Signer
-	var filePubs []ssh.PublicKey
+	var out []ssh.Signer
+	used := make([]bool, len(fromAgent))
 	for _, f := range p.files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue
 		}
 		s, err := ssh.ParsePrivateKey(b)
+		var pub ssh.PublicKey
 		var pm *ssh.PassphraseMissingError
 		switch {
-		case errors.As(err, &pm) && pm.PublicKey != nil && inAgent(pm.PublicKey):
-			filePubs = append(filePubs, pm.PublicKey)
-		case err != nil:
-			closeQuietly(conn)
-			return nil, nil, fmt.Errorf("%s: %v (ssh can ask for its passphrase)", f, err)
+		case err == nil:
+			pub = s.PublicKey()
+		case errors.As(err, &pm) && pm.PublicKey != nil:
+			pub = pm.PublicKey
 		default:
-			filePubs = append(filePubs, s.PublicKey())
-			if !inAgent(s.PublicKey()) {
-				files = append(files, s)
+			closeQuietly(conn)
+			return nil, nil, fmt.Errorf("%s: %v", f, err)
+		}
+		if i := agentKey(pub); i >= 0 {
+			if !used[i] {
+				out, used[i] = append(out, fromAgent[i]), true
+			}
+			continue
+		}
+		if s == nil {
+			closeQuietly(conn)
+			return nil, nil, fmt.Errorf("%s needs its passphrase (ssh can ask for it)", f)
+		}
+		out = append(out, s)
+	}
+	if !p.onlyFiles {
+		for i, s := range fromAgent {
+			if !used[i] {
+				out = append(out, s)
 			}
 		}
 	}
-	for _, s := range fromAgent {
-		if !p.onlyFiles || slices.ContainsFunc(filePubs, func(k ssh.PublicKey) bool { return bytes.Equal(k.Marshal(), s.PublicKey().Marshal()) }) {
-			out = append(out, s)
-		}
-	}
-	out = append(out, files...)
 	if len(out) == 0 {
 		closeQuietly(conn)
 		return nil, nil, errors.New("no key to offer")

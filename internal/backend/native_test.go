@@ -6,13 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/agent"
 
 	"github.com/muxfs/muxfs/internal/sshd"
 )
@@ -214,5 +219,63 @@ func TestNativeUnreachable(t *testing.T) {
 	var ce *ConnectError
 	if !errors.As(err, &ce) || !ce.Unreachable() || !strings.Contains(err.Error(), "no SSH server listens there") {
 		t.Fatalf("want an unreachable server with its hint, got %v", err)
+	}
+}
+
+// TestNativeAgent: a key file that needs a passphrase is used through the agent that
+// holds it, in-process; without the agent, ssh (which could ask for the passphrase)
+// takes over, and -o transport=native says why it cannot.
+func TestNativeAgent(t *testing.T) {
+	e := newNativeEnv(t)
+	plain, err := os.ReadFile(e.keys.Identity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ssh.ParseRawPrivateKey(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locked := filepath.Join(t.TempDir(), "id_locked")
+	if err := os.WriteFile(locked, plain, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("ssh-keygen", "-q", "-p", "-P", "", "-N", "secret", "-f", locked).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen -p: %v: %s", err, out)
+	}
+	opts := []string{"IdentityFile=" + locked}
+
+	t.Setenv("SSH_AUTH_SOCK", "")
+	ep := e.endpoint(TransportNative)
+	ep.SSHOptions = caseOptions(ep.SSHOptions, opts)
+	if _, err := e.dial(t, ep); err == nil || !strings.Contains(err.Error(), "passphrase") {
+		t.Fatalf("no agent, transport=native: want the passphrase named, got %v", err)
+	}
+
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	keyring := agent.NewKeyring()
+	if err := keyring.Add(agent.AddedKey{PrivateKey: key}); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { agent.ServeAgent(keyring, c); c.Close() }() //nolint:errcheck // ends with the connection
+		}
+	}()
+	t.Setenv("SSH_AUTH_SOCK", sock)
+	pool, err := e.dial(t, ep)
+	if err != nil {
+		t.Fatalf("with the key in the agent: %v\n%s", err, e.log)
+	}
+	if st := pool.Stats(); st.Transport != TransportNative {
+		t.Errorf("transport %q, want native", st.Transport)
 	}
 }

@@ -487,6 +487,9 @@ type Persister interface {
 	SaveLink(p, target string)
 	LoadLink(p string) (string, bool)
 	ForgetListings(dirs ...string)
+	// ForgetListing drops only dir's listing (a file in it changed; the directory's
+	// own attributes did not).
+	ForgetListing(dir string)
 	ForgetTree(dir string)
 	// Listed is told of every listing handed out, from wherever it came.
 	Listed(dir string, list []backend.Entry)
@@ -730,20 +733,29 @@ func (s *Source) Refresh(p string) {
 func (s *Source) changed(paths ...string) {
 	for _, p := range paths {
 		s.meta.Invalidate(s.id, p)
-		if s.persist != nil {
-			dir, _ := parentOf(p)
-			s.persist.ForgetListings(p, dir)
-		}
+		s.forgetStored(p)
+	}
+}
+
+// forgetStored drops what is stored of p, and its directory's listing. The
+// directory's own stored attributes stay: they serve only offline lookups, where an
+// old mtime is better than not finding the directory at all.
+func (s *Source) forgetStored(p string) {
+	if s.persist != nil {
+		dir, _ := parentOf(p)
+		s.persist.ForgetListings(p)
+		s.persist.ForgetListing(dir)
 	}
 }
 
 // changedContent is changed for a file whose content (size, mtime) changes through a
-// handle: its stored attributes stay, as the handle's next Stat stores them anew.
+// handle: its stored attributes stay, as the handle's next Stat stores them anew; its
+// directory's listing, which holds the file's old size, goes.
 func (s *Source) changedContent(p string) {
 	s.meta.Dirtied(s.id, p)
 	if s.persist != nil {
 		dir, _ := parentOf(p)
-		s.persist.ForgetListings(dir)
+		s.persist.ForgetListing(dir)
 	}
 }
 
@@ -753,7 +765,7 @@ func (s *Source) changedTree(p string) {
 	if s.persist != nil {
 		dir, _ := parentOf(p)
 		s.persist.ForgetTree(p)
-		s.persist.ForgetListings(dir)
+		s.persist.ForgetListing(dir)
 	}
 }
 
@@ -828,10 +840,7 @@ func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (ba
 	}
 	if writing {
 		s.meta.Created(s.id, p, f.OpenedAttr())
-		if s.persist != nil {
-			dir, _ := parentOf(p)
-			s.persist.ForgetListings(p, dir)
-		}
+		s.forgetStored(p)
 		return &file{File: f, s: s, path: p}, nil
 	}
 	// An open is a fresh look at the file: later stats agree with it.

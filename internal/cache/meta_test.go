@@ -334,6 +334,12 @@ func (m *memPersist) ForgetListings(dirs ...string) {
 	}
 }
 
+func (m *memPersist) ForgetListing(d string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.dirs, d)
+}
+
 func (m *memPersist) ForgetTree(string) {}
 
 func (m *memPersist) Listed(string, []backend.Entry) {}
@@ -367,6 +373,47 @@ func TestStoredListings(t *testing.T) {
 	s2.SetPersist(store, func() bool { return false })
 	if list, err := s2.ReadDir(ctx, ""); err != nil || len(list) != 1 || c2.readdirs.Load() != 0 {
 		t.Errorf("remounted: %v %v, %d requests", list, err, c2.readdirs.Load())
+	}
+}
+
+// TestWriteKeepsStoredDirectory: a create and a write through a handle drop the
+// stored listing of the file's directory (it holds the file's old size) but not the
+// directory's own attributes, which an offline mount needs to reach the directory at
+// all.
+func TestWriteKeepsStoredDirectory(t *testing.T) {
+	ctx := context.Background()
+	store := newMemPersist()
+	s, _, dir := newSource(t, time.Minute, nil)
+	s.SetPersist(store, func() bool { return false })
+	os.Mkdir(dir+"/d", 0o755)                    //nolint:errcheck
+	os.WriteFile(dir+"/d/f", []byte("a"), 0o644) //nolint:errcheck
+	if _, err := s.Lstat(ctx, "d"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ReadDir(ctx, "d"); err != nil {
+		t.Fatal(err)
+	}
+	for _, flags := range []int{os.O_WRONLY, os.O_WRONLY | os.O_CREATE | os.O_EXCL} {
+		name := "d/f"
+		if flags&os.O_CREATE != 0 {
+			name = "d/new"
+		}
+		f, err := s.Open(ctx, name, flags, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt(ctx, []byte("longer"), 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := store.LoadAttr("d"); !ok {
+		t.Error("the directory's stored attributes went with a write in it")
+	}
+	if _, _, ok := store.LoadListing("d"); ok {
+		t.Error("the directory's stored listing, with the file's old size, is still there")
 	}
 }
 

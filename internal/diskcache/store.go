@@ -1248,6 +1248,13 @@ func (st *Store) ForgetListings(dirs ...string) {
 	}
 }
 
+// ForgetListing drops the stored listing of dir and nothing else.
+func (st *Store) ForgetListing(dir string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.saves[metaDirs][dir] = nil
+}
+
 // ForgetTree drops the stored listings, attributes and symlink targets at and below
 // dir ("" is everything).
 func (st *Store) ForgetTree(dir string) {

@@ -586,6 +586,18 @@ func TestSymlinkTargetsStored(t *testing.T) {
 			t.Errorf("%s: stored %v after forgetting a's tree and c/l, want %v", p, ok, kept)
 		}
 	}
+	// ForgetListing drops a directory's listing, not its attributes.
+	st.SaveListing("d", []backend.Entry{{Name: "x"}}, time.Now())
+	st.SaveAttr("d", backend.Attr{Mode: syscall.S_IFDIR | 0o755})
+	st.flush()
+	st.ForgetListing("d")
+	st.flush()
+	if _, _, ok := st.LoadListing("d"); ok {
+		t.Error("ForgetListing left the listing")
+	}
+	if _, ok := st.LoadAttr("d"); !ok {
+		t.Error("ForgetListing dropped the directory's attributes")
+	}
 }
 
 // TestSmallFileHeldUntilCommit: a small file's data is kept in memory, served from
