@@ -71,7 +71,11 @@ type nativePlan struct {
 // would use, after ~/.ssh/config, Match blocks and -o options.
 func sshConfig(ep *Endpoint) (map[string][]string, error) {
 	args := append([]string{"-G"}, ep.options(false)...)
-	out, err := exec.Command(findProgram("ssh"), append(args, "--", ep.Host)...).Output()
+	// A `Match exec` command could hang; ssh itself would then hang too, so the
+	// mount goes on through ssh and its own behaviour.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, findProgram("ssh"), append(args, "--", ep.Host)...).Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
@@ -204,9 +208,9 @@ func planNative(ep *Endpoint) (*nativePlan, string) {
 			p.hostAlgos = append(p.hostAlgos, k.Type())
 		}
 	}
-	p.hostAlgos = intersect(p.hostAlgos, supported.HostKeys)
+	p.hostAlgos = intersect(intersect(p.hostAlgos, strings.Split(one("hostkeyalgorithms"), ",")), supported.HostKeys)
 	if len(p.hostAlgos) == 0 {
-		return nil, "no known host key of a type this transport verifies"
+		return nil, "no known host key of a type ssh's configuration allows and this transport verifies"
 	}
 
 	for _, f := range cfg["identityfile"] {
