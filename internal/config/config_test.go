@@ -74,18 +74,18 @@ func FuzzParseSource(f *testing.F) {
 
 func TestOptions(t *testing.T) {
 	c := &Config{Options: Defaults()}
-	err := c.ApplyOptions(`allow_other,default_permissions,max_conns=8,port=2222,IdentityFile=/k,Ciphers=aes128-gcm@openssh.com\,aes256-gcm@openssh.com,attr_timeout=2.5,reconnect,ro,rw,_netdev`)
+	err := c.ApplyOptions(`allow_other,default_permissions,max_conns=8,port=2222,IdentityFile=/k,Ciphers=aes128-gcm@openssh.com\,aes256-gcm@openssh.com,attr_timeout=2.5,reconnect,ro,rw,_netdev,transport=native`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	o := c.Options
-	if !o.AllowOther || !o.DefaultPermissions || o.MaxConns != 8 || o.Port != 2222 || !o.ReadOnly || o.AttrTimeout != 2500*time.Millisecond {
+	if !o.AllowOther || !o.DefaultPermissions || o.MaxConns != 8 || o.Port != 2222 || !o.ReadOnly || o.AttrTimeout != 2500*time.Millisecond || o.Transport != "native" {
 		t.Errorf("options: %+v", o)
 	}
 	if strings.Join(o.SSHOptions, "|") != "IdentityFile=/k|Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com" {
 		t.Errorf("ssh options: %q", o.SSHOptions)
 	}
-	for _, bad := range []string{"frob", "max_conns=0", "max_conns=x", "port=0", "allow_other=1", "IdentityFile", "attr_timeout=-1"} {
+	for _, bad := range []string{"frob", "max_conns=0", "max_conns=x", "port=0", "allow_other=1", "IdentityFile", "attr_timeout=-1", "transport=tcp", "transport"} {
 		if err := (&Config{Options: Defaults()}).ApplyOptions(bad); err == nil {
 			t.Errorf("-o %s accepted", bad)
 		}
