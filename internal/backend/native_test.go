@@ -141,6 +141,35 @@ func TestNativeStall(t *testing.T) {
 	}
 }
 
+// TestNativeKeepAlive: an idle in-process session whose server stops answering is
+// found dead by ssh's ServerAliveInterval/CountMax (no request is waiting, so the
+// stall watchdog cannot see it), and the pool connects again.
+func TestNativeKeepAlive(t *testing.T) {
+	e := newNativeEnv(t)
+	ep := e.endpoint(TransportNative)
+	ep.SSHOptions = append([]string{"ServerAliveInterval=1", "ServerAliveCountMax=1"}, ep.SSHOptions...)
+	pool, err := e.dial(t, ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := e.srv.Sessions()
+	for _, p := range stopped {
+		syscall.Kill(p, syscall.SIGSTOP) //nolint:errcheck // may be gone
+	}
+	t.Cleanup(func() {
+		for _, p := range stopped {
+			syscall.Kill(p, syscall.SIGCONT) //nolint:errcheck // may be gone
+		}
+	})
+	deadline := time.Now().Add(8 * time.Second)
+	for pool.Stats().Reconnects < 1 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if st := pool.Stats(); st.Reconnects < 1 || st.State != StateUp {
+		t.Errorf("8 s after the server stopped answering: %d reconnects, state %v; want a new session", st.Reconnects, st.State)
+	}
+}
+
 // TestNativeHandsOver: what only ssh can do goes to ssh — a host key not in
 // known_hosts, a changed host key, a key the server refuses, a ProxyCommand — and
 // -o transport=native says so instead.
