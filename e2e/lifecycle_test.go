@@ -185,6 +185,10 @@ func TestUnprivileged(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "mine") {
 		t.Fatalf("using the mount as its owner: %v\n%s", err, out)
 	}
+	// The user's own ssh configuration allows the in-process transport here.
+	if out, err := asNobody(muxfsBin, "status", "--json", mp).CombinedOutput(); err != nil || !strings.Contains(string(out), `"transport": "native"`) {
+		t.Errorf("status of the unprivileged mount, want the in-process transport: %v\n%s", err, out)
+	}
 	st, err := os.Stat(data + "/u.txt")
 	if err != nil || st.Sys().(*syscall.Stat_t).Uid != uid {
 		t.Errorf("file on the server: %v, owner %v", err, st.Sys())
