@@ -290,19 +290,23 @@ func (p *nativePlan) knownKeys() []ssh.PublicKey {
 // key file that needs a passphrase the agent cannot stand in for makes the plan
 // unusable: ssh would ask for it. The agent connection, if any, is returned for the
 // caller to close after the handshake.
-func (p *nativePlan) signers() ([]ssh.Signer, io.Closer, error) {
+func (p *nativePlan) signers() (out []ssh.Signer, agentConn net.Conn, err error) {
+	defer func() {
+		if err != nil && agentConn != nil {
+			agentConn.Close()
+			agentConn = nil
+		}
+	}()
 	var fromAgent []ssh.Signer
-	var conn net.Conn
 	if p.agentSock != "" {
 		if c, err := net.Dial("unix", p.agentSock); err == nil {
-			conn = c
+			agentConn = c
 			fromAgent, _ = agent.NewClient(c).Signers()
 		}
 	}
 	agentKey := func(k ssh.PublicKey) int {
 		return slices.IndexFunc(fromAgent, func(s ssh.Signer) bool { return bytes.Equal(s.PublicKey().Marshal(), k.Marshal()) })
 	}
-	var out []ssh.Signer
 	used := make([]bool, len(fromAgent))
 	for _, f := range p.files {
 		b, err := os.ReadFile(f)
@@ -318,8 +322,7 @@ func (p *nativePlan) signers() ([]ssh.Signer, io.Closer, error) {
 		case errors.As(err, &pm) && pm.PublicKey != nil:
 			pub = pm.PublicKey
 		default:
-			closeQuietly(conn)
-			return nil, nil, fmt.Errorf("%s: %v", f, err)
+			return nil, agentConn, fmt.Errorf("%s: %v", f, err)
 		}
 		if i := agentKey(pub); i >= 0 {
 			if !used[i] {
@@ -328,8 +331,7 @@ func (p *nativePlan) signers() ([]ssh.Signer, io.Closer, error) {
 			continue
 		}
 		if s == nil {
-			closeQuietly(conn)
-			return nil, nil, fmt.Errorf("%s needs its passphrase (ssh can ask for it)", f)
+			return nil, agentConn, fmt.Errorf("%s needs its passphrase (ssh can ask for it)", f)
 		}
 		out = append(out, s)
 	}
@@ -341,19 +343,9 @@ func (p *nativePlan) signers() ([]ssh.Signer, io.Closer, error) {
 		}
 	}
 	if len(out) == 0 {
-		closeQuietly(conn)
-		return nil, nil, errors.New("no key to offer")
+		return nil, agentConn, errors.New("no key to offer")
 	}
-	if conn == nil {
-		return out, nil, nil
-	}
-	return out, conn, nil
-}
-
-func closeQuietly(c io.Closer) {
-	if c != nil {
-		c.Close() //nolint:errcheck // nothing to do about it
-	}
+	return out, agentConn, nil
 }
 
 // nativeOnly is the error of -o transport=native where only ssh could go on.
@@ -388,7 +380,9 @@ func startNative(ctx context.Context, ep *Endpoint, p *nativePlan, log *slog.Log
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errHandedOver, err)
 	}
-	defer closeQuietly(agentConn)
+	if agentConn != nil {
+		defer agentConn.Close()
+	}
 	conn, err := (&net.Dialer{}).DialContext(dctx, p.network, p.addr)
 	if err != nil {
 		return nil, &ConnectError{Endpoint: ep.String(), SSHSays: sshWords(p.addr, err), Cause: err}

@@ -55,6 +55,21 @@ func (e *nativeEnv) endpoint(transport string, opts ...string) *Endpoint {
 		SSHOptions: append(e.keys.SSHOptions(), opts...), MaxConns: 2, Timeout: 3 * time.Second}
 }
 
+// freeze stops the processes serving the server's connections as they are now (a
+// server that stops answering; new connections are still served), until the test
+// ends.
+func (e *nativeEnv) freeze(t *testing.T) {
+	stopped := e.srv.Sessions()
+	for _, p := range stopped {
+		syscall.Kill(p, syscall.SIGSTOP) //nolint:errcheck // may be gone
+	}
+	t.Cleanup(func() {
+		for _, p := range stopped {
+			syscall.Kill(p, syscall.SIGCONT) //nolint:errcheck // may be gone
+		}
+	})
+}
+
 func (e *nativeEnv) dial(t *testing.T, ep *Endpoint) (*Pool, error) {
 	t.Helper()
 	pool, err := Dial(context.Background(), ep, slog.New(slog.NewTextHandler(e.log, &slog.HandlerOptions{Level: slog.LevelDebug})))
@@ -122,15 +137,7 @@ func TestNativeStall(t *testing.T) {
 	if _, err := s.Lstat(ctx, ""); err != nil {
 		t.Fatal(err)
 	}
-	stopped := e.srv.Sessions()
-	for _, p := range stopped {
-		syscall.Kill(p, syscall.SIGSTOP) //nolint:errcheck // may be gone
-	}
-	t.Cleanup(func() {
-		for _, p := range stopped {
-			syscall.Kill(p, syscall.SIGCONT) //nolint:errcheck // may be gone
-		}
-	})
+	e.freeze(t)
 	if _, err := s.Lstat(ctx, ""); err == nil {
 		t.Fatal("lstat on a stopped server succeeded")
 	}
@@ -154,15 +161,7 @@ func TestNativeKeepAlive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopped := e.srv.Sessions()
-	for _, p := range stopped {
-		syscall.Kill(p, syscall.SIGSTOP) //nolint:errcheck // may be gone
-	}
-	t.Cleanup(func() {
-		for _, p := range stopped {
-			syscall.Kill(p, syscall.SIGCONT) //nolint:errcheck // may be gone
-		}
-	})
+	e.freeze(t)
 	deadline := time.Now().Add(8 * time.Second)
 	for pool.Stats().Reconnects < 1 && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)

@@ -256,7 +256,7 @@ func (s *Server) Kill() {
 	pid := s.cmd.Process.Pid
 	syscall.Kill(pid, syscall.SIGSTOP) //nolint:errcheck // may be gone
 	for pass := 0; pass < 3; pass++ {
-		for _, d := range Descendants(pid) {
+		for _, d := range s.Sessions() {
 			syscall.Kill(d, syscall.SIGKILL) //nolint:errcheck // may be gone
 		}
 		time.Sleep(10 * time.Millisecond)
