@@ -37,6 +37,10 @@ func loadLog(file string) (*store, error) {
 			s.fs = fs
 			continue
 		}
+		if _, m, ok := strings.Cut(line, " machine: "); ok {
+			s.machine = m
+			continue
+		}
 		if m := repLine.FindStringSubmatch(line); m != nil {
 			rtt, err := time.ParseDuration(m[1])
 			if err != nil {

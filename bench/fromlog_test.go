@@ -21,13 +21,17 @@ func TestLogRoundTrip(t *testing.T) {
 		{"randread", "IOPS", 10564, true},
 	}
 	line := fmt.Sprintf("18:19:41 %v warm muxfs rep 1: %s\n", 2*time.Millisecond, summary(res))
+	const machine = "2 cores, 24683656 kB RAM, Linux 6.18.44, OpenSSH_9.2p1"
 	file := filepath.Join(t.TempDir(), "run.log")
-	if err := os.WriteFile(file, []byte(line), 0o644); err != nil {
+	if err := os.WriteFile(file, []byte("18:19:30 machine: "+machine+"\n"+line), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	s, err := loadLog(file)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if s.machine != machine {
+		t.Errorf("the run's machine read back as %q", s.machine)
 	}
 	for _, r := range res {
 		v, ok := s.med(2*time.Millisecond, "warm", r.metric, "muxfs")

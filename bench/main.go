@@ -113,6 +113,8 @@ func main() {
 	defer e.close()
 	b := &bench{env: e, reps: *reps, seqMiB: *seqMiB, data: filepath.Join(root, "data"), results: newStore()}
 	b.results.fs = fs
+	b.results.machine = machine()
+	log.Printf("machine: %s", b.results.machine)
 	if err := b.prepare(); err != nil {
 		log.Fatal(err)
 	}

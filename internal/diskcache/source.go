@@ -302,9 +302,10 @@ func (e *entry) passthroughFd() (int, bool) {
 		return 0, false
 	}
 	f, err := e.fileLocked()
-	if err != nil {
+	if err != nil || !e.rec.Spans.covers(0, e.rec.Size) { // a queued write failed
 		return 0, false
 	}
+	e.passthrough = true
 	return int(f.Fd()), true
 }
 

@@ -54,6 +54,12 @@ type Cache struct {
 	done   chan struct{}
 
 	memUsed atomic.Int64 // bytes held in entries' mem, over all stores
+
+	writes     chan cacheWrite // to the writer (writer.go)
+	writerDone chan struct{}
+	// writeFault, in tests, runs before each queued write: it holds the writer
+	// back, or fails the write as a full disk would.
+	writeFault func() error
 }
 
 // DefaultDir is $XDG_CACHE_HOME/muxfs, else ~/.cache/muxfs.
@@ -89,8 +95,10 @@ func Open(dir string, opts Options, log *slog.Logger) (*Cache, error) {
 		}
 		log.Warn("cache directory was open to others; made it 0700", "dir", dir)
 	}
-	c := &Cache{Dir: dir, opts: opts, log: log, quit: make(chan struct{}), done: make(chan struct{})}
+	c := &Cache{Dir: dir, opts: opts, log: log, quit: make(chan struct{}), done: make(chan struct{}),
+		writes: make(chan cacheWrite, writeQueue), writerDone: make(chan struct{})}
 	go c.loop()
+	go c.writer()
 	return c, nil
 }
 
@@ -101,9 +109,11 @@ func (c *Cache) Close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, st := range c.stores {
-		st.flush()
+		st.flush() // waits for the writer's queue (drainLocked)
 		st.db.Close()
 	}
+	close(c.writes)
+	<-c.writerDone
 }
 
 func (c *Cache) loop() {
@@ -274,6 +284,12 @@ type entry struct {
 	// (see storeLocked; flush stores it in the database or writes it to a data file
 	// before it commits the record), or loaded from the database (inlineLocked).
 	mem []byte
+
+	// writes counts the writes queued for the cache's writer (writer.go).
+	writes writeCount
+	// passthrough: the kernel was handed the data file to read it itself; writes
+	// go into it before they are answered (writer.go).
+	passthrough bool
 }
 
 var errDetached = errors.New("cache entry detached from its path")
@@ -369,12 +385,10 @@ func (st *Store) acquireOffline(p string) *entry {
 // resetLocked drops the cached data. The data file is replaced, not truncated: a
 // reader the kernel serves straight from it (passthrough) keeps the old content.
 func (e *entry) resetLocked() {
+	e.drainLocked() // what a queued write failed to store goes with the rest
+	e.closeLocked()
 	e.gen++ // a commit in flight names the data dropped here
 	e.mine, e.appended = false, false
-	if e.f != nil {
-		e.f.Close()
-		e.f = nil
-	}
 	e.dropMemLocked()
 	if e.detached {
 		// Its data file's name, and the count, went when it was detached.
@@ -414,7 +428,34 @@ func (e *entry) inlineLocked() {
 	e.mem = mem
 }
 
+// closeFileLocked closes the data file, once every write queued for it is in.
+func (e *entry) closeFileLocked() {
+	if e.drainLocked() {
+		e.resetLocked()
+		return
+	}
+	e.closeLocked()
+}
+
+func (e *entry) closeLocked() {
+	if e.f != nil {
+		e.f.Close()
+		e.f = nil
+	}
+}
+
+// fileLocked returns the data file, opened (or made) if need be, with every write
+// queued for it in: what it holds is what the spans name.
 func (e *entry) fileLocked() (*os.File, error) {
+	if e.drainLocked() {
+		e.resetLocked()
+	}
+	return e.openLocked()
+}
+
+// openLocked returns the data file as fileLocked does, but with writes maybe still
+// queued for it: to queue more.
+func (e *entry) openLocked() (*os.File, error) {
 	if e.f != nil {
 		return e.f, nil
 	}
@@ -473,7 +514,7 @@ func (e *entry) readAt(p []byte, off int64) (n int, ok bool) {
 		return n, true
 	}
 	f, err := e.fileLocked()
-	if err != nil {
+	if err != nil || !e.rec.Spans.covers(off, end) { // a queued write failed
 		return 0, false
 	}
 	n, err = f.ReadAt(p[:end-off], off)
@@ -492,19 +533,28 @@ func (e *entry) fill(p []byte, off int64) {
 	if !e.valid || e.detached || len(p) == 0 || e.st.full() {
 		return
 	}
-	e.storeLocked(p, off)
+	e.storeLocked(p, off, false)
 }
 
-// storeLocked keeps p at off and reports whether it did.
-func (e *entry) storeLocked(p []byte, off int64) bool {
+// storeLocked keeps p at off and reports whether it did. With queue, p goes to the
+// data file through the writer (writer.go), in the background.
+func (e *entry) storeLocked(p []byte, off int64, queue bool) bool {
 	e.inlineLocked()
 	if !e.keepInMemLocked(p, off) {
-		f, err := e.fileLocked()
-		if err != nil {
-			return false
-		}
-		if _, err := f.WriteAt(p, off); err != nil {
-			return false // a full disk: the data stays uncached
+		if queue && !e.passthrough {
+			f, err := e.openLocked()
+			if err != nil {
+				return false
+			}
+			e.queueLocked(f, p, off)
+		} else {
+			f, err := e.fileLocked()
+			if err != nil {
+				return false
+			}
+			if _, err := f.WriteAt(p, off); err != nil {
+				return false // a full disk: the data stays uncached
+			}
 		}
 		e.stored = true
 	}
@@ -630,7 +680,7 @@ func (e *entry) write(p []byte, off int64, placed bool) {
 	}
 	end := e.rec.Size
 	hole := off > end && e.holdsExactlyLocked()
-	if e.storeLocked(p, off) && hole {
+	if e.storeLocked(p, off, true) && hole {
 		e.addSpanLocked(end, off)
 	}
 	e.rec.Size = max(e.rec.Size, off+int64(len(p)))
@@ -718,10 +768,7 @@ func (e *entry) release() {
 	}
 	if e.detached {
 		// Its last holder is gone: so goes the data it kept readable (dropKeep).
-		if e.f != nil {
-			e.f.Close()
-			e.f = nil
-		}
+		e.closeFileLocked()
 		e.dropMemLocked()
 		if st.entries[e.path] == e {
 			delete(st.entries, e.path)
@@ -733,10 +780,7 @@ func (e *entry) release() {
 		e.dirty = false
 	}
 	if !e.dirty {
-		if e.f != nil {
-			e.f.Close()
-			e.f = nil
-		}
+		e.closeFileLocked()
 		e.dropMemLocked() // committed: in the database, or nothing
 		delete(st.entries, e.path)
 	}
@@ -945,6 +989,11 @@ func (st *Store) flush() {
 	for i := range todo {
 		t := &todo[i]
 		t.e.mu.Lock()
+		// Spans name queued writes at once: they reach the data file before its
+		// sync. One that failed drops the data (and changes gen: no commit).
+		if t.e.drainLocked() {
+			t.e.resetLocked()
+		}
 		if t.e.gen == t.gen && t.f == nil {
 			switch n := int64(len(t.e.mem)); {
 			case t.e.mem == nil || t.rec.Inline: // nothing new, or already in the database
@@ -1061,10 +1110,7 @@ func (st *Store) flush() {
 			e.dirty = false
 		}
 		if !e.dirty && e.refs == 0 && st.entries[e.path] == e {
-			if e.f != nil {
-				e.f.Close()
-				e.f = nil
-			}
+			e.closeFileLocked()
 			e.dropMemLocked() // committed: it reads them back from the database
 			delete(st.entries, e.path)
 		}

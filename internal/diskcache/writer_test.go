@@ -1,0 +1,198 @@
+package diskcache
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/muxfs/muxfs/internal/backend"
+)
+
+// holdWriter holds the cache's writer back until the returned func is called (at
+// the latest when the test ends).
+func holdWriter(t *testing.T, c *Cache) (release func()) {
+	gate := make(chan struct{})
+	c.writeFault = func() error { <-gate; return nil }
+	release = sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(release)
+	return release
+}
+
+// writeBig writes p to path through s, in 64 KiB writes (past what is held in
+// memory: the data goes to the data file, through the writer), and returns the open
+// file.
+func writeBig(t *testing.T, s *Source, path string, p []byte) backend.File {
+	t.Helper()
+	ctx := context.Background()
+	f, err := s.Open(ctx, path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for off := 0; off < len(p); off += 64 << 10 {
+		if _, err := f.WriteAt(ctx, p[off:min(off+64<<10, len(p))], int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
+// notYet fails the test if done is closed within a short while: something that must
+// wait for the held writer did not.
+func notYet(t *testing.T, done <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-done:
+		t.Fatalf("%s did not wait for the writes queued before it", what)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// A write returns before its data is in the data file; a read of it, the commit of
+// its record and a later mount all see the data.
+func TestQueuedWritesAreReadBack(t *testing.T) {
+	dir := t.TempDir()
+	c, s, cb, remote := setup(t, dir, Options{})
+	ctx := context.Background()
+	release := holdWriter(t, c)
+	want := data(1<<20, 11)
+	f := writeBig(t, s, "w", want) // returns: the writes are queued, not made
+
+	got := make([]byte, 200<<10)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.ReadAt(ctx, got, 300<<10) //nolint:errcheck // checked below
+	}()
+	notYet(t, done, "a read of written data")
+	release()
+	<-done
+	if !bytes.Equal(got, want[300<<10:500<<10]) {
+		t.Fatal("the read of written data differs")
+	}
+	if cb.read.Load() != 0 {
+		t.Errorf("the writer's read fetched %d bytes from the server", cb.read.Load())
+	}
+	f.Stat(ctx)            //nolint:errcheck // as close(2) does
+	f.Close(ctx)           //nolint:errcheck
+	time.Sleep(racyWindow) // a record is committed once its mtime is not racy
+	c.Close()
+
+	c2, s2, cb2, _ := setupOn(t, dir, remote, Options{})
+	defer c2.Close()
+	if got := readAll(t, s2, "w"); !bytes.Equal(got, want) {
+		t.Fatal("the written file read after a remount differs")
+	}
+	if cb2.read.Load() != 0 {
+		t.Errorf("after a remount, %d bytes of the written file came from the server", cb2.read.Load())
+	}
+}
+
+// A truncate and the commit wait for the writes queued before them: the data file
+// holds what the spans name when its record is committed.
+func TestTruncateAndCommitWaitForQueuedWrites(t *testing.T) {
+	c, s, _, remote := setup(t, t.TempDir(), Options{})
+	t.Cleanup(c.Close) // after holdWriter's release
+	ctx := context.Background()
+	release := holdWriter(t, c)
+	want := data(1<<20, 12)
+	f := writeBig(t, s, "w", want)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.SetAttr(ctx, backend.SetAttr{Valid: backend.SetSize, Size: 600 << 10}) //nolint:errcheck
+	}()
+	notYet(t, done, "a truncate")
+	release()
+	<-done
+	want = want[:600<<10]
+	f.Stat(ctx)  //nolint:errcheck
+	f.Close(ctx) //nolint:errcheck
+	if got, _ := os.ReadFile(filepath.Join(remote, "w")); !bytes.Equal(got, want) {
+		t.Fatal("the server's copy differs")
+	}
+
+	// Queued again behind a held writer: the commit waits too.
+	release = holdWriter(t, c)
+	g := writeBig(t, s, "w", want)
+	os.Chtimes(filepath.Join(remote, "w"), time.Now(), time.Unix(1e9, 0)) //nolint:errcheck // not racy
+	g.Stat(ctx)                                                           //nolint:errcheck
+	g.Close(ctx)                                                          //nolint:errcheck
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		s.st.flush()
+	}()
+	notYet(t, flushed, "a commit")
+	release()
+	<-flushed
+	if got, _ := os.ReadFile(s.st.dataPath("w")); !bytes.Equal(got, want) {
+		t.Fatal("the data file committed differs from the file written")
+	}
+}
+
+// A queued write that fails (a full disk) drops what the cache holds of the file: it
+// is read from the server, never as the zeros the data file has in its place.
+func TestFailedQueuedWriteDropsTheData(t *testing.T) {
+	c, s, cb, remote := setup(t, t.TempDir(), Options{})
+	t.Cleanup(c.Close) // after holdWriter's release
+	ctx := context.Background()
+	c.writeFault = func() error { return syscall.ENOSPC }
+	want := data(1<<20, 13)
+	f := writeBig(t, s, "w", want)
+	got := make([]byte, 100<<10)
+	if n, err := f.ReadAt(ctx, got, 500<<10); n != len(got) || err != nil || !bytes.Equal(got, want[500<<10:600<<10]) {
+		t.Fatalf("read back after a failed cache write: %d bytes, %v", n, err)
+	}
+	if cb.read.Load() == 0 {
+		t.Error("the read was served from a cache whose write failed")
+	}
+	f.Stat(ctx)  //nolint:errcheck
+	f.Close(ctx) //nolint:errcheck
+	if got := readAll(t, s, "w"); !bytes.Equal(got, want) {
+		t.Fatal("the file read after a failed cache write differs")
+	}
+	if got, _ := os.ReadFile(filepath.Join(remote, "w")); !bytes.Equal(got, want) {
+		t.Fatal("the server's copy differs")
+	}
+}
+
+// Once the kernel reads the data file itself (passthrough), a write through another
+// open is in it when the write returns.
+func TestWritesUnderPassthroughAreImmediate(t *testing.T) {
+	c, s, _, remote := setup(t, t.TempDir(), Options{})
+	t.Cleanup(c.Close) // after holdWriter's release
+	ctx := context.Background()
+	old := data(1<<20, 14)
+	os.WriteFile(filepath.Join(remote, "f"), old, 0o644)                  //nolint:errcheck
+	os.Chtimes(filepath.Join(remote, "f"), time.Now(), time.Unix(1e9, 0)) //nolint:errcheck
+	readAll(t, s, "f")
+	r, err := s.Open(ctx, "f", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(ctx) //nolint:errcheck
+	fd, ok := r.(interface{ PassthroughFd() (int, bool) }).PassthroughFd()
+	if !ok {
+		t.Fatal("a fully cached file is not offered for passthrough")
+	}
+	c.writeFault = func() error { return errors.New("a write to a passthrough file was queued") }
+	w, err := s.Open(ctx, "f", os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(ctx) //nolint:errcheck
+	patch := data(64<<10, 15)
+	if _, err := w.WriteAt(ctx, patch, 128<<10); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(patch))
+	if n, _ := syscall.Pread(fd, got, 128<<10); n != len(got) || !bytes.Equal(got, patch) {
+		t.Error("the passthrough file does not hold the write when it returns")
+	}
+}
