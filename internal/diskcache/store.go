@@ -57,6 +57,7 @@ type Cache struct {
 
 	writes     chan cacheWrite // to the writer (writer.go)
 	writerDone chan struct{}
+	noDirect   atomic.Bool // the cache's file system refused direct I/O (writer.go)
 	// writeFault, in tests, runs before each queued write: it holds the writer
 	// back, or fails the write as a full disk would.
 	writeFault func() error
@@ -285,8 +286,10 @@ type entry struct {
 	// before it commits the record), or loaded from the database (inlineLocked).
 	mem []byte
 
-	// writes counts the writes queued for the cache's writer (writer.go).
+	// writes counts the writes queued for the cache's writer (writer.go), and
+	// direct is f opened for its direct I/O, once a write needed it.
 	writes writeCount
+	direct *os.File
 	// passthrough: the kernel was handed the data file to read it itself; writes
 	// go into it before they are answered (writer.go).
 	passthrough bool
@@ -441,6 +444,10 @@ func (e *entry) closeLocked() {
 	if e.f != nil {
 		e.f.Close()
 		e.f = nil
+	}
+	if e.direct != nil {
+		e.direct.Close()
+		e.direct = nil
 	}
 }
 

@@ -196,3 +196,69 @@ func TestWritesUnderPassthroughAreImmediate(t *testing.T) {
 		t.Error("the passthrough file does not hold the write when it returns")
 	}
 }
+
+// Aligned writes go in with direct I/O and leave no pages in the page cache;
+// unaligned ones, buffered, mix with them in any order; everything reads back, from
+// the writer's open, the data file and a later open.
+func TestDirectAndBufferedWritesMix(t *testing.T) {
+	c, s, cb, remote := setup(t, t.TempDir(), Options{})
+	t.Cleanup(c.Close)
+	ctx := context.Background()
+	want := data(2<<20, 16)
+	f := writeBig(t, s, "w", want)
+	for _, w := range []struct{ off, n int }{
+		{100, 3000},       // unaligned, inside direct writes' pages
+		{64 << 10, 4096},  // aligned, over the page cache pages of nothing
+		{5000, 70 << 10},  // unaligned, across aligned writes
+		{8192, 64 << 10},  // aligned, over the unaligned one's pages
+		{2<<20 - 10, 500}, // past the end: the file grows
+	} {
+		p := data(w.n, int64(w.off))
+		if _, err := f.WriteAt(ctx, p, int64(w.off)); err != nil {
+			t.Fatal(err)
+		}
+		if end := w.off + w.n; end > len(want) {
+			want = append(want, make([]byte, end-len(want))...)
+		}
+		copy(want[w.off:], p)
+	}
+	got := make([]byte, len(want))
+	if n, err := f.ReadAt(ctx, got, 0); n != len(want) || (err != nil && n < len(want)) || !bytes.Equal(got, want) {
+		t.Fatalf("read back of mixed writes: %d bytes, %v", n, err)
+	}
+	if cb.read.Load() != 0 {
+		t.Errorf("the writer's read fetched %d bytes from the server", cb.read.Load())
+	}
+	f.Stat(ctx)  //nolint:errcheck
+	f.Close(ctx) //nolint:errcheck
+	if got, _ := os.ReadFile(filepath.Join(remote, "w")); !bytes.Equal(got, want) {
+		t.Fatal("the server's copy differs")
+	}
+	if got := readAll(t, s, "w"); !bytes.Equal(got, want) {
+		t.Fatal("a later open reads other data")
+	}
+}
+
+// A sequential write's data goes to the data file with direct I/O: it is not left in
+// the page cache.
+func TestSequentialWritesBypassThePageCache(t *testing.T) {
+	c, s, _, _ := setup(t, t.TempDir(), Options{})
+	t.Cleanup(c.Close)
+	ctx := context.Background()
+	f := writeBig(t, s, "w", data(4<<20, 17))
+	defer f.Close(ctx) //nolint:errcheck
+	s.st.mu.Lock()
+	e := s.st.entries["w"]
+	s.st.mu.Unlock()
+	e.mu.Lock()
+	e.drainLocked()
+	e.mu.Unlock()
+	if c.noDirect.Load() {
+		t.Skip("the cache's file system refuses direct I/O")
+	}
+	// The first 256 KiB were held in memory, then written to the new data file
+	// buffered (memToFileLocked); the rest went in direct.
+	if n := residentPages(t, s.st.dataPath("w")); n > memFileMax/os.Getpagesize() {
+		t.Errorf("%d pages of the data file are in the page cache", n)
+	}
+}

@@ -36,8 +36,11 @@ func (f *FS) Refresh(vp string) error {
 			return nil // the kernel knows nothing below: nothing to tell it
 		}
 	}
-	// Notifications must not run under our locks or inside a FUSE request.
-	go notifyTree(inode)
+	// Notifications must not run under our locks or inside a FUSE request; Refresh
+	// holds none and runs for the control socket. It waits for them, so that `muxfs
+	// refresh` returns once the kernel has forgotten too: when they ran behind it, a
+	// listing read right after the refresh could still come from the kernel's copy.
+	notifyTree(inode)
 	return nil
 }
 
