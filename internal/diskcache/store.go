@@ -286,9 +286,11 @@ type entry struct {
 	// before it commits the record), or loaded from the database (inlineLocked).
 	mem []byte
 
-	// writes counts the writes queued for the cache's writer (writer.go), and
-	// direct is f opened for its direct I/O, once a write needed it.
+	// writes counts the writes queued for the cache's writer (writer.go); gather is
+	// the write being gathered for it; direct is f opened for its direct I/O, once a
+	// write needed it.
 	writes writeCount
+	gather *cacheWrite
 	direct *os.File
 	// passthrough: the kernel was handed the data file to read it itself; writes
 	// go into it before they are answered (writer.go).
@@ -753,6 +755,7 @@ func (e *entry) written(a backend.Attr) {
 	if e.detached {
 		return
 	}
+	e.sendLocked() // the writes are over (a close, an fsync): what they left gathered goes
 	if e.rec.Size != a.Size {
 		// Someone else changed the file meanwhile: what we hold is not its content.
 		e.resetLocked()
@@ -773,6 +776,7 @@ func (e *entry) release() {
 	if e.refs > 0 {
 		return
 	}
+	e.sendLocked() // a gathered write is not held for the next commit
 	if e.detached {
 		// Its last holder is gone: so goes the data it kept readable (dropKeep).
 		e.closeFileLocked()

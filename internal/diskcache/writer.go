@@ -24,8 +24,15 @@ import (
 // itself (passthrough), nothing of muxfs' stands between it and a queued write: writes
 // to that entry are then made before the FUSE WRITE is answered, as before.
 //
-// Aligned writes (a sequential writer's, all of them but the last) go in with direct
-// I/O, through a second descriptor of the data file: a buffered write copies into
+// A sequential writer's writes are gathered into writes of 1 MiB (queueLocked): one
+// write to the data file and one wake-up of the writer per MiB instead of per 64 KiB
+// FUSE WRITE took the same `dd` from 195–212 to 256–284 MB/s (four alternated
+// rounds; `-o cache=memory` 288–358, sshfs 288–321). What is gathered is handed over
+// whenever anything needs the data file (drainLocked), and when the writes end (a
+// close's or an fsync's stat, the last release), so it never waits for a commit.
+//
+// Aligned writes (a sequential writer's, all of them but maybe the last) go in with
+// direct I/O, through a second descriptor of the data file: a buffered write copies into
 // newly allocated page-cache pages, and that copy was 36% of muxfs' CPU samples in a
 // 1 GiB write on the bench's machine (a virtual machine whose fresh pages fault to
 // the host); the same write with direct I/O moved 224–239 MB/s against 176–196
@@ -71,20 +78,40 @@ const poolBuf = 1 << 20
 
 var writeBufs = sync.Pool{New: func() any { b := make([]byte, poolBuf); return &b }}
 
-// queueLocked queues p, to be written to the data file f at off. The caller holds e.mu;
-// if the queue is full it waits for the writer.
+// queueLocked queues p, to be written to the data file f at off. A write that
+// continues the one before it (a sequential writer's) is gathered with it into one
+// buffer of up to poolBuf, handed to the writer when full or when anything needs the
+// data file (drainLocked): one write to the data file and one wake-up of the writer
+// per MiB, not per FUSE WRITE. The caller holds e.mu; if the queue is full it waits
+// for the writer.
 func (e *entry) queueLocked(f *os.File, p []byte, off int64) {
-	var buf *[]byte
-	if len(p) <= poolBuf {
-		buf = writeBufs.Get().(*[]byte)
+	if g := e.gather; g != nil && g.f == f && off == g.off+int64(g.n) && g.n+len(p) <= len(*g.buf) {
+		g.n += copy((*g.buf)[g.n:], p)
 	} else {
-		b := make([]byte, len(p))
-		buf = &b
+		e.sendLocked()
+		var buf *[]byte
+		if len(p) <= poolBuf {
+			buf = writeBufs.Get().(*[]byte)
+		} else {
+			b := make([]byte, len(p))
+			buf = &b
+		}
+		e.gather = &cacheWrite{f: f, buf: buf, n: copy(*buf, p), off: off}
 	}
-	n := copy(*buf, p)
-	var direct *os.File
-	if aligned(*buf, n, off) {
-		direct = e.directLocked()
+	if e.gather.n == len(*e.gather.buf) {
+		e.sendLocked()
+	}
+}
+
+// sendLocked hands the write being gathered, if any, to the writer.
+func (e *entry) sendLocked() {
+	w := e.gather
+	if w == nil {
+		return
+	}
+	e.gather = nil
+	if aligned(*w.buf, w.n, w.off) {
+		w.direct = e.directLocked()
 	}
 	q := &e.writes
 	q.mu.Lock()
@@ -93,7 +120,8 @@ func (e *entry) queueLocked(f *os.File, p []byte, off int64) {
 	}
 	q.queued++
 	q.mu.Unlock()
-	e.st.c.writes <- cacheWrite{q: q, f: f, direct: direct, buf: buf, n: n, off: off}
+	w.q = q
+	e.st.c.writes <- *w
 }
 
 // aligned reports whether a write of buf[:n] at off may use direct I/O.
@@ -124,6 +152,7 @@ func (e *entry) directLocked() *os.File {
 // file, and reports whether one of them failed (a full disk): the spans then name
 // bytes that are not there.
 func (e *entry) drainLocked() (failed bool) {
+	e.sendLocked()
 	q := &e.writes
 	q.mu.Lock()
 	defer q.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -239,12 +240,14 @@ func TestDirectAndBufferedWritesMix(t *testing.T) {
 	}
 }
 
-// A sequential write's data goes to the data file with direct I/O: it is not left in
-// the page cache.
-func TestSequentialWritesBypassThePageCache(t *testing.T) {
+// A sequential write's data is gathered into writes of 1 MiB, and goes to the data
+// file with direct I/O: it is not left in the page cache.
+func TestSequentialWritesGatheredAndDirect(t *testing.T) {
 	c, s, _, _ := setup(t, t.TempDir(), Options{})
 	t.Cleanup(c.Close)
 	ctx := context.Background()
+	var writes atomic.Int64
+	c.writeFault = func() error { writes.Add(1); return nil }
 	f := writeBig(t, s, "w", data(4<<20, 17))
 	defer f.Close(ctx) //nolint:errcheck
 	s.st.mu.Lock()
@@ -253,6 +256,11 @@ func TestSequentialWritesBypassThePageCache(t *testing.T) {
 	e.mu.Lock()
 	e.drainLocked()
 	e.mu.Unlock()
+	// 64 KiB writes: the first 256 KiB held in memory (memToFileLocked writes
+	// them), the other 3.75 MiB in three writes of 1 MiB and one of 768 KiB.
+	if n := writes.Load(); n != 4 {
+		t.Errorf("4 MiB written in 64 KiB writes reached the data file in %d writes, want 4", n)
+	}
 	if c.noDirect.Load() {
 		t.Skip("the cache's file system refuses direct I/O")
 	}
