@@ -114,6 +114,21 @@ func readAll(t *testing.T, s *Source, p string) []byte {
 	}
 }
 
+// remountAndRead opens the cache in dir again over remote (a new mount), and checks
+// that p reads as want from the cache alone.
+func remountAndRead(t *testing.T, dir, remote, p string, want []byte) *Source {
+	t.Helper()
+	c, s, cb, _ := setupOn(t, dir, remote, Options{})
+	t.Cleanup(c.Close)
+	if got := readAll(t, s, p); !bytes.Equal(got, want) {
+		t.Fatalf("%s read after a remount differs", p)
+	}
+	if cb.read.Load() != 0 {
+		t.Errorf("after a remount, %d bytes of %s came from the server", cb.read.Load(), p)
+	}
+	return s
+}
+
 func data(n int, seed int64) []byte {
 	b := make([]byte, n)
 	rand.New(rand.NewSource(seed)).Read(b)
@@ -143,14 +158,7 @@ func TestReadThroughAndPersist(t *testing.T) {
 	c.Close()
 
 	// A new mount: the cache survives.
-	c2, s2, cb2, _ := setupOn(t, dir, remote, Options{})
-	defer c2.Close()
-	if got := readAll(t, s2, "f"); !bytes.Equal(got, want) {
-		t.Fatal("read after reopening differs")
-	}
-	if cb2.read.Load() != 0 {
-		t.Errorf("after reopening the cache, %d bytes came from the server", cb2.read.Load())
-	}
+	s2 := remountAndRead(t, dir, remote, "f", want)
 	f, _ := s2.Open(context.Background(), "f", os.O_RDONLY, 0)
 	if _, ok := f.(interface{ PassthroughFd() (int, bool) }).PassthroughFd(); !ok {
 		t.Error("a fully cached file is not offered for passthrough")

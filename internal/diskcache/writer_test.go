@@ -83,15 +83,7 @@ func TestQueuedWritesAreReadBack(t *testing.T) {
 	f.Close(ctx)           //nolint:errcheck
 	time.Sleep(racyWindow) // a record is committed once its mtime is not racy
 	c.Close()
-
-	c2, s2, cb2, _ := setupOn(t, dir, remote, Options{})
-	defer c2.Close()
-	if got := readAll(t, s2, "w"); !bytes.Equal(got, want) {
-		t.Fatal("the written file read after a remount differs")
-	}
-	if cb2.read.Load() != 0 {
-		t.Errorf("after a remount, %d bytes of the written file came from the server", cb2.read.Load())
-	}
+	remountAndRead(t, dir, remote, "w", want)
 }
 
 // A truncate and the commit wait for the writes queued before them: the data file
