@@ -262,3 +262,67 @@ func TestSequentialWritesGatheredAndDirect(t *testing.T) {
 		t.Errorf("%d pages of the data file are in the page cache", n)
 	}
 }
+
+// Several files written at once, each read back while it is written, with the queue
+// full most of the time: every read sees what was written, and nothing deadlocks (a
+// goroutine holding an entry's lock may wait for room in the queue; the writer must
+// never wait for an entry's lock).
+func TestConcurrentWritersShareTheQueue(t *testing.T) {
+	c, s, _, remote := setup(t, t.TempDir(), Options{})
+	t.Cleanup(c.Close)
+	c.writeFault = func() error { time.Sleep(50 * time.Microsecond); return nil } // a slow disk
+	ctx := context.Background()
+	const files, size, chunk = 6, 2 << 20, 48 << 10 // chunks that do not fill 1 MiB evenly
+	var wg sync.WaitGroup
+	errs := make(chan error, files)
+	for i := range files {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := "f" + string(rune('a'+i))
+			want := data(size, int64(100+i))
+			f, err := s.Open(ctx, name, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer f.Close(ctx) //nolint:errcheck
+			got := make([]byte, chunk)
+			for off := 0; off < size; off += chunk {
+				end := min(off+chunk, size)
+				if _, err := f.WriteAt(ctx, want[off:end], int64(off)); err != nil {
+					errs <- err
+					return
+				}
+				if off%(5*chunk) == 0 { // read back what was just written, now and then
+					n, _ := f.ReadAt(ctx, got, int64(off))
+					if !bytes.Equal(got[:n], want[off:off+n]) || n == 0 {
+						errs <- errors.New(name + ": a read back during the writes differs")
+						return
+					}
+				}
+			}
+			f.Stat(ctx) //nolint:errcheck
+			if got, _ := os.ReadFile(filepath.Join(remote, name)); !bytes.Equal(got, want) {
+				errs <- errors.New(name + ": the server's copy differs")
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("concurrent writers did not finish: a deadlock")
+	}
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for i := range files {
+		name := "f" + string(rune('a'+i))
+		if got := readAll(t, s, name); !bytes.Equal(got, data(size, int64(100+i))) {
+			t.Errorf("%s read after the writes differs", name)
+		}
+	}
+}
