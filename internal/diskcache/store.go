@@ -435,11 +435,19 @@ func (e *entry) inlineLocked() {
 
 // closeFileLocked closes the data file, once every write queued for it is in.
 func (e *entry) closeFileLocked() {
+	if !e.settleLocked() {
+		e.closeLocked() // a reset closed it already
+	}
+}
+
+// settleLocked waits for the writes queued for the data file; if one failed, the data
+// is dropped (resetLocked), and it reports so.
+func (e *entry) settleLocked() (reset bool) {
 	if e.drainLocked() {
 		e.resetLocked()
-		return
+		return true
 	}
-	e.closeLocked()
+	return false
 }
 
 func (e *entry) closeLocked() {
@@ -456,9 +464,7 @@ func (e *entry) closeLocked() {
 // fileLocked returns the data file, opened (or made) if need be, with every write
 // queued for it in: what it holds is what the spans name.
 func (e *entry) fileLocked() (*os.File, error) {
-	if e.drainLocked() {
-		e.resetLocked()
-	}
+	e.settleLocked()
 	return e.openLocked()
 }
 
@@ -1002,9 +1008,7 @@ func (st *Store) flush() {
 		t.e.mu.Lock()
 		// Spans name queued writes at once: they reach the data file before its
 		// sync. One that failed drops the data (and changes gen: no commit).
-		if t.e.drainLocked() {
-			t.e.resetLocked()
-		}
+		t.e.settleLocked()
 		if t.e.gen == t.gen && t.f == nil {
 			switch n := int64(len(t.e.mem)); {
 			case t.e.mem == nil || t.rec.Inline: // nothing new, or already in the database

@@ -18,8 +18,9 @@ import (
 //
 // The rule that keeps this invisible: an entry's spans name queued data at once, and
 // everything that reads, syncs, truncates or replaces the data file first waits for
-// the entry's queued writes (drainLocked, from fileLocked and resetLocked; flush
-// before it syncs). Writes of one entry are written in the order queued (one writer),
+// the entry's queued writes (drainLocked: from resetLocked, and through settleLocked,
+// which drops the data if a queued write failed, from fileLocked, closeFileLocked and
+// flush before it syncs). Writes of one entry are written in the order queued (one writer),
 // so a later write of the same bytes lands last. Once the kernel reads the data file
 // itself (passthrough), nothing of muxfs' stands between it and a queued write: writes
 // to that entry are then made before the FUSE WRITE is answered, as before.
@@ -45,8 +46,8 @@ import (
 // some network file systems) gets buffered writes, tried once per cache.
 
 // writeQueue bounds the writes waiting for the writer: up to this many copies of at
-// most max_write (1 MiB) each are held at once; a writer that gets further ahead
-// waits for the disk.
+// most max_write (1 MiB) each are held at once, besides one write being gathered per
+// file being written; a writer that gets further ahead waits for the disk.
 const writeQueue = 32
 
 // cacheWrite is a write queued for the writer.

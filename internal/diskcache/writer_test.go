@@ -263,16 +263,18 @@ func TestSequentialWritesGatheredAndDirect(t *testing.T) {
 	}
 }
 
-// Several files written at once, each read back while it is written, with the queue
-// full most of the time: every read sees what was written, and nothing deadlocks (a
-// goroutine holding an entry's lock may wait for room in the queue; the writer must
-// never wait for an entry's lock).
+// Several files written at once, backwards (no write continues the one before it, so
+// none are gathered: each is one queued write, and the queue is full most of the
+// time), each read back while it is written: every read sees what was written, and
+// nothing deadlocks (a goroutine holding an entry's lock may wait for room in the
+// queue; the writer must never wait for an entry's lock).
 func TestConcurrentWritersShareTheQueue(t *testing.T) {
 	c, s, _, remote := setup(t, t.TempDir(), Options{})
 	t.Cleanup(c.Close)
-	c.writeFault = func() error { time.Sleep(50 * time.Microsecond); return nil } // a slow disk
 	ctx := context.Background()
-	const files, size, chunk = 6, 2 << 20, 48 << 10 // chunks that do not fill 1 MiB evenly
+	const files, size, chunk = 6, 2 << 20, 48 << 10
+	var queued atomic.Int64
+	c.writeFault = func() error { queued.Add(1); time.Sleep(50 * time.Microsecond); return nil } // a slow disk
 	var wg sync.WaitGroup
 	errs := make(chan error, files)
 	for i := range files {
@@ -288,8 +290,11 @@ func TestConcurrentWritersShareTheQueue(t *testing.T) {
 			}
 			defer f.Close(ctx) //nolint:errcheck
 			got := make([]byte, chunk)
-			for off := 0; off < size; off += chunk {
+			for off := size / chunk * chunk; off >= 0; off -= chunk {
 				end := min(off+chunk, size)
+				if off == end {
+					continue
+				}
 				if _, err := f.WriteAt(ctx, want[off:end], int64(off)); err != nil {
 					errs <- err
 					return
@@ -318,6 +323,9 @@ func TestConcurrentWritersShareTheQueue(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+	if n := queued.Load(); n < files*size/chunk {
+		t.Errorf("%d writes reached the writer; backwards writes are not gathered", n)
 	}
 	for i := range files {
 		name := "f" + string(rune('a'+i))
