@@ -140,9 +140,10 @@ type sftpFile struct {
 	hmu sync.Mutex // guards cur; taken after wb.mu
 	cur handle
 
-	wb writeBehind
-	ra readAhead
-	st stripe
+	wb  writeBehind
+	snd sender
+	ra  readAhead
+	st  stripe
 }
 
 func (f *sftpFile) handle() handle {
@@ -219,6 +220,7 @@ func (f *sftpFile) reopenLocked(ctx context.Context, dead *sftp.Client) error {
 	f.s.reopened.Add(1)
 	f.s.log.Info("file reopened on a new session", "source", f.s.name, "path", f.path,
 		"via", nh.m.name, "writes_resent", len(f.wb.pending))
+	f.snd.wait() // nothing still goes to the old handle while the writes are sent again
 	for i := range f.wb.pending {
 		f.startLocked(&f.wb.pending[i])
 	}
@@ -399,6 +401,7 @@ func (f *sftpFile) Stat(ctx context.Context) (Attr, error) {
 	if f.wb.held.Load() {
 		f.sendHeldLocked() // before the FSTAT, which must see it
 	}
+	f.snd.wait()
 	h := f.handle()
 	pending, perr := h.c.StartFstat(h.h)
 	werr := f.flushLocked(ctx)

@@ -53,7 +53,91 @@ type pendingWrite struct {
 	set      *sftp.Attrs  // an FSETSTAT queued among the writes instead of a WRITE
 	c        *sftp.Client // the session it was last sent on
 	w        *sftp.PendingWrite
-	startErr error // why sending failed, if it did
+	startErr error    // why sending failed, if it did
+	job      *sendJob // handed to the file's sender and not collected yet: c, w and startErr are the job's
+}
+
+// sendAsyncMin is the size from which a write is handed to the file's sender (see
+// sender) rather than sent by the caller.
+const sendAsyncMin = 32 << 10
+
+// sender sends a file's large writes for the writer, so that the FUSE WRITE is
+// answered once the data is copied, not once it is encrypted and written to the
+// connection: the kernel's next WRITE (the application's next write(2)) then arrives
+// while this one goes out, instead of after it. It runs as a goroutine only while it
+// has jobs. The sender never takes the file's write-behind lock, so a caller holding
+// it may wait for a job; every other request on the file's handle waits until the
+// sender's queue is sent (wait), so requests still leave in the order they were made.
+type sender struct {
+	mu      sync.Mutex
+	jobs    []*sendJob
+	running bool
+	last    *sendJob // the newest job queued
+}
+
+type sendJob struct {
+	h    handle
+	off  int64
+	data []byte
+	set  *sftp.Attrs   // an FSETSTAT instead of a WRITE
+	done chan struct{} // closed once sent; then w or err is set
+	w    *sftp.PendingWrite
+	err  error
+}
+
+// busy tells whether the sender has jobs not yet sent: a request that must follow
+// them is queued behind them or waits.
+func (s *sender) busy() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.running
+}
+
+// push queues pw's WRITE or FSETSTAT on h.
+func (s *sender) push(h handle, pw *pendingWrite) *sendJob {
+	j := &sendJob{h: h, off: pw.off, data: pw.data, set: pw.set, done: make(chan struct{})}
+	s.mu.Lock()
+	s.jobs = append(s.jobs, j)
+	s.last = j
+	if !s.running {
+		s.running = true
+		go s.run()
+	}
+	s.mu.Unlock()
+	return j
+}
+
+func (s *sender) run() {
+	for {
+		s.mu.Lock()
+		if len(s.jobs) == 0 {
+			s.running = false
+			s.jobs = nil
+			s.mu.Unlock()
+			return
+		}
+		j := s.jobs[0]
+		s.jobs[0] = nil
+		s.jobs = s.jobs[1:]
+		s.mu.Unlock()
+		if j.set != nil {
+			j.w, j.err = j.h.c.StartFsetstat(j.h.h, *j.set)
+		} else {
+			j.w, j.err = j.h.c.StartWrite(j.h.h, j.data, j.off)
+		}
+		close(j.done)
+	}
+}
+
+// wait returns once every job queued so far is sent. A job waits for nothing but
+// room on the connection, which the stall watchdog bounds.
+func (s *sender) wait() {
+	s.mu.Lock()
+	j := s.last
+	s.mu.Unlock()
+	if j != nil {
+		<-j.done
+	}
 }
 
 // replayBufs recycles the copies of writes kept until acknowledged: one per request of
@@ -82,15 +166,31 @@ func releaseReplay(b []byte) {
 // attribute changes), as writeWindow bounds its bytes.
 const maxQueued = 1024
 
-// startLocked sends pw on the current handle.
+// startLocked sends pw on the current handle: a large write through the file's
+// sender, and anything else too while the sender has jobs (it must go after them);
+// else at once.
 func (f *sftpFile) startLocked(pw *pendingWrite) {
 	h := f.handle()
 	pw.c = h.c
+	if (pw.set == nil && len(pw.data) >= sendAsyncMin) || f.snd.busy() {
+		pw.w, pw.startErr = nil, nil
+		pw.job = f.snd.push(h, pw)
+		return
+	}
 	if pw.set != nil {
 		pw.w, pw.startErr = h.c.StartFsetstat(h.h, *pw.set)
 		return
 	}
 	pw.w, pw.startErr = h.c.StartWrite(h.h, pw.data, pw.off)
+}
+
+// started collects the sender's result for pw, once it is sent (the caller holds
+// f.wb.mu, which the sender never takes).
+func (pw *pendingWrite) started() {
+	if j := pw.job; j != nil {
+		<-j.done
+		pw.w, pw.startErr, pw.job = j.w, j.err, nil
+	}
 }
 
 // sendLocked sends a copy of data at off — or holds it for the writes that follow
@@ -145,11 +245,13 @@ func (f *sftpFile) sendHeldLocked() {
 	f.startLocked(&wb.pending[len(wb.pending)-1])
 }
 
-// sendHeldNow sends a held write before a request that must come after it.
+// sendHeldNow puts every write on the wire (the held one, the sender's) before a
+// request that must come after them.
 func (f *sftpFile) sendHeldNow() {
 	if f.wb.held.Load() {
 		f.sendHeld()
 	}
+	f.snd.wait()
 }
 
 // queueLocked sends pw behind the file's requests in flight and waits for the oldest
@@ -163,7 +265,7 @@ func (f *sftpFile) queueLocked(ctx context.Context, pw pendingWrite) error {
 	wb.bytes += len(pw.data)
 	last := &wb.pending[len(wb.pending)-1]
 	f.startLocked(last)
-	if last.startErr != nil && !connLost(last.startErr) {
+	if last.job == nil && last.startErr != nil && !connLost(last.startErr) {
 		err := last.startErr
 		releaseReplay(last.data)
 		wb.pending = wb.pending[:len(wb.pending)-1]
@@ -195,6 +297,7 @@ func (f *sftpFile) waitOldestLocked(ctx context.Context) {
 	var err error
 	for attempt := 1; ; attempt++ {
 		pw := &wb.pending[0]
+		pw.started()
 		err = pw.startErr
 		if err == nil {
 			err = pw.w.Wait(ctx)
