@@ -11,12 +11,10 @@ import (
 	"log"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -82,41 +80,43 @@ func main() {
 	}
 	root, err := os.MkdirTemp("", "muxfs-bench-")
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
+	defer td.run()
+	td.onSignal(root, *serve)
 	if !*keep {
-		defer os.RemoveAll(root)
+		td.push(func() { os.RemoveAll(root) })
 	}
 	fs := ""
 	if *fsGiB > 0 {
 		undo, err := fsImage(root, *fsGiB)
 		if err != nil {
-			log.Fatal(err)
+			fatal(err)
 		}
 		fs = fsNote
 		log.Printf("filesystem: %s", fs)
 		if !*keep {
-			defer undo()
+			td.push(undo)
 		}
 	}
 	bin := *muxfsBin
 	if bin == "" {
 		bin = filepath.Join(root, "muxfs")
 		if err := run("go", "build", "-o", bin, "./cmd/muxfs"); err != nil {
-			log.Fatal(err)
+			fatal(err)
 		}
 	}
 	e, err := newEnv(root, bin, rtts)
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
-	defer e.close()
+	td.push(e.close)
 	b := &bench{env: e, reps: *reps, seqMiB: *seqMiB, data: filepath.Join(root, "data"), results: newStore()}
 	b.results.fs = fs
 	b.results.machine = machine()
 	log.Printf("machine: %s", b.results.machine)
 	if err := b.prepare(); err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 
 	if *serve {
@@ -151,7 +151,7 @@ func main() {
 	log.Printf("all measurements took %v", time.Since(started).Round(time.Second))
 	cmdline := strings.TrimSpace("bench/run.sh " + strings.Join(os.Args[1:], " "))
 	if err := b.results.report(*out, *charts, *notes, cmdline, rtts, time.Since(started)); err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	log.Printf("wrote %s and charts in %s", *out, *charts)
 }
@@ -206,7 +206,7 @@ func fetchLua(root string) (string, error) {
 func mustOutput(name string, args ...string) string {
 	out, err := exec.Command(name, args...).Output()
 	if err != nil {
-		log.Fatalf("%s %v: %v", name, args, err)
+		fatalf("%s %v: %v", name, args, err)
 	}
 	return string(out)
 }
@@ -228,7 +228,7 @@ func (b *bench) measure(w workload, sys system, rtt time.Duration) {
 		dir = filepath.Join(b.data, "shared")
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	s, err := b.env.open(sys, rtt, dir)
 	if err != nil {
@@ -267,7 +267,7 @@ func summary(res []result) string {
 func (b *bench) rawStream(rtt time.Duration) {
 	file := filepath.Join(b.data, "shared", "stream.dat")
 	if _, _, err := sh(fmt.Sprintf("test -s %s || dd if=/dev/urandom of=%s bs=1M count=%d status=none", file, file, b.seqMiB)); err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	written := filepath.Join(b.data, "shared", "stream-written.dat")
 	defer os.Remove(written) //nolint:errcheck // the bench's own scratch file
@@ -316,8 +316,6 @@ func (b *bench) serve(rtts []time.Duration) {
 			e.muxfs, e.muxfsCache(), strings.Join(e.sshOpts(), ","), e.server.User, port, b.data)
 		fmt.Printf("  sshfs -o %s %s@127.0.0.1:%s MOUNTPOINT\n", sshfsOpts(e, port, ""), e.server.User, b.data)
 	}
-	fmt.Println("\nCtrl-C ends the rig (unmount first).")
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	<-sig
+	fmt.Println("\nCtrl-C ends the rig (and unmounts what is still mounted in it).")
+	select {} // until the teardown's signal handler ends the process
 }
