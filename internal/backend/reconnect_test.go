@@ -24,6 +24,22 @@ func signalSessions(t *testing.T, p *Pool, sig syscall.Signal) {
 	}
 }
 
+// closeAndCompare closes f, which must succeed, and checks that the file at path
+// holds exactly want.
+func closeAndCompare(t *testing.T, f File, path string, want []byte) {
+	t.Helper()
+	if err := f.Close(context.Background()); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("file differs from what was written (%d vs %d bytes)", len(got), len(want))
+	}
+}
+
 func randomBytes(n int, seed int64) []byte {
 	b := make([]byte, n)
 	rand.New(rand.NewSource(seed)).Read(b)
@@ -51,16 +67,7 @@ func TestWritesReplayedAfterLostConnection(t *testing.T) {
 			signalSessions(t, pool, syscall.SIGKILL)
 		}
 	}
-	if err := f.Close(ctx); err != nil {
-		t.Fatalf("close: %v", err)
-	}
-	got, err := os.ReadFile(filepath.Join(dir, "big"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatalf("file differs from what was written (%d vs %d bytes)", len(got), len(want))
-	}
+	closeAndCompare(t, f, filepath.Join(dir, "big"), want)
 	if s.reopened.Load() == 0 {
 		t.Error("the file was never reopened: the kill did not hit the test")
 	}

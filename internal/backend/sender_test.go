@@ -43,16 +43,7 @@ func TestLargeWritesAnsweredBeforeSent(t *testing.T) {
 		t.Errorf("4 MiB of writes to a stopped server took %v: the writer waited for the connection", took)
 	}
 	<-resumed
-	if err := f.Close(ctx); err != nil {
-		t.Fatalf("close: %v", err)
-	}
-	got, err := os.ReadFile(filepath.Join(dir, "big"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatalf("file differs from what was written (%d vs %d bytes)", len(got), len(want))
-	}
+	closeAndCompare(t, f, filepath.Join(dir, "big"), want)
 }
 
 // TestRequestsFollowSentWrites: whatever is asked of a file after a large write —
@@ -102,14 +93,5 @@ func TestRequestsFollowSentWrites(t *testing.T) {
 			want[at] = 'x'
 		}
 	}
-	if err := f.Close(ctx); err != nil {
-		t.Fatalf("close: %v", err)
-	}
-	got, err := os.ReadFile(filepath.Join(dir, "f"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatalf("file differs from what was written (%d vs %d bytes)", len(got), len(want))
-	}
+	closeAndCompare(t, f, filepath.Join(dir, "f"), want)
 }

@@ -240,9 +240,11 @@ func (f *sftpFile) sendHeld() {
 // with it in the queue and is reported when it is waited for.
 func (f *sftpFile) sendHeldLocked() {
 	wb := &f.wb
-	wb.held.Store(false)
 	wb.timer.Stop()
 	f.startLocked(&wb.pending[len(wb.pending)-1])
+	// Cleared only once the write is on its way: a reader that finds nothing held
+	// (sendHeldNow looks without the lock) must find it sent or with the sender.
+	wb.held.Store(false)
 }
 
 // sendHeldNow puts every write on the wire (the held one, the sender's) before a
