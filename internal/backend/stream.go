@@ -54,7 +54,7 @@ type pendingWrite struct {
 	c        *sftp.Client // the session it was last sent on
 	w        *sftp.PendingWrite
 	startErr error    // why sending failed, if it did
-	job      *sendJob // handed to the file's sender and not collected yet: c, w and startErr are the job's
+	job      *sendJob // handed to the file's sender, not yet collected: w and startErr come from it (started)
 }
 
 // sendAsyncMin is the size from which a write is handed to the file's sender (see
