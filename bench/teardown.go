@@ -19,11 +19,10 @@ import (
 // mounted would keep tens of GiB of the disk (the image only grows), and a system
 // left mounted would keep its server alive.
 type teardown struct {
-	mu    sync.Mutex
-	undo  []func()
-	root  string
-	done  bool
-	serve bool
+	mu   sync.Mutex
+	undo []func()
+	root string
+	done bool
 }
 
 var td teardown
@@ -67,7 +66,7 @@ func (t *teardown) run() {
 // for a rig (-serve, which is ended that way), 130 for a run cut short.
 func (t *teardown) onSignal(root string, serve bool) {
 	t.mu.Lock()
-	t.root, t.serve = root, serve
+	t.root = root
 	t.mu.Unlock()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
