@@ -40,6 +40,8 @@ type dirHandle struct {
 	byName  map[string]int
 	pos     int
 	expires time.Time // when the earliest member listing stops being trusted
+	served  bool      // the kernel read entries from this handle
+	tid     uint32    // the thread that opened it (atime.go)
 }
 
 var _ = (fs.NodeOpendirHandler)((*node)(nil))
@@ -50,7 +52,11 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	if errno != 0 {
 		return nil, 0, errno
 	}
+	n.fsys.listing(ctx)
 	h := &dirHandle{n: n, vp: vp, l: l, rel: rel}
+	if caller, ok := fuse.FromContext(ctx); ok {
+		h.tid = caller.Pid
+	}
 	if errno := h.load(ctx); errno != 0 {
 		return nil, 0, errno
 	}
@@ -176,12 +182,26 @@ var _ = (fs.FileReaddirenter)((*dirHandle)(nil))
 func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.served = true
 	if h.pos >= len(h.entries) {
 		return nil, 0
 	}
 	e := h.entries[h.pos]
 	h.pos++
 	return &fuse.DirEntry{Name: e.name, Mode: e.mode, Ino: e.ino, Off: uint64(h.pos)}, 0
+}
+
+var _ = (fs.FileReleasedirer)((*dirHandle)(nil))
+
+// Releasedir has the directory's attributes taken again once the kernel has read its
+// listing (atime.go).
+func (h *dirHandle) Releasedir(ctx context.Context, flags uint32) {
+	h.mu.Lock()
+	served := h.served
+	h.mu.Unlock()
+	if served {
+		h.n.fsys.listed(h.n, h.tid)
+	}
 }
 
 var _ = (fs.FileSeekdirer)((*dirHandle)(nil))

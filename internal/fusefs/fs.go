@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -52,6 +53,12 @@ type FS struct {
 	noOpendir atomic.Bool
 	heldMu    sync.Mutex
 	held      map[*node]time.Time
+
+	// restat: directories are statted through the mountpoint (absolute) after the
+	// kernel read their listing (atime.go), when the kernel keeps attributes.
+	restat     bool
+	mountpoint string
+	listedDirs listedDirs
 }
 
 // New prepares the file system for table.
@@ -80,6 +87,12 @@ func New(table *mux.Table, log *slog.Logger) *FS {
 func (f *FS) Mount(mountpoint string, o Options) (*fuse.Server, error) {
 	f.cacheDirs = o.CacheDirs
 	f.attrTimeout = o.AttrTimeout
+	abs, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return nil, err
+	}
+	f.mountpoint = abs
+	f.restat = o.AttrTimeout > 0
 	var fuseOpts []string
 	if o.DefaultPermissions {
 		fuseOpts = append(fuseOpts, "default_permissions")
@@ -133,7 +146,7 @@ func (f *FS) Mount(mountpoint string, o Options) (*fuse.Server, error) {
 			return server.KernelSettings().Flags64()&fuse.CAP_NO_OPENDIR_SUPPORT != 0
 		})
 	}
-	server, err := fuse.NewServer(raw, mountpoint, &opts.MountOptions)
+	server, err = fuse.NewServer(raw, mountpoint, &opts.MountOptions)
 	if err != nil {
 		return nil, err
 	}

@@ -31,6 +31,12 @@ func requestsSince(t *testing.T, f *os.File, op string, from int64) int {
 // logger given back, when the test ends.
 func mountLogged(t *testing.T, b backend.Backend) (mp string, reqs *os.File) {
 	t.Helper()
+	return mountLoggedWith(t, b, Options{EntryTimeout: time.Minute, AttrTimeout: time.Minute})
+}
+
+// mountLoggedWith is mountLogged with the options o (Debug set).
+func mountLoggedWith(t *testing.T, b backend.Backend, o Options) (mp string, reqs *os.File) {
+	t.Helper()
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		t.Skip("no /dev/fuse")
 	}
@@ -46,9 +52,8 @@ func mountLogged(t *testing.T, b backend.Backend) (mp string, reqs *os.File) {
 		t.Fatal(err)
 	}
 	log.SetOutput(reqs)
-	server, err := New(table, slog.New(slog.DiscardHandler)).Mount(mp, Options{
-		Debug: true, EntryTimeout: time.Minute, AttrTimeout: time.Minute,
-	})
+	o.Debug = true
+	server, err := New(table, slog.New(slog.DiscardHandler)).Mount(mp, o)
 	if err != nil {
 		log.SetOutput(os.Stderr)
 		reqs.Close()

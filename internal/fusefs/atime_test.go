@@ -1,0 +1,98 @@
+package fusefs
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/muxfs/muxfs/internal/backend"
+)
+
+// TestListedDirectoryRestatted: the kernel marks a directory's access time stale after
+// reading its listing from muxfs, which would make the next stat of it a request;
+// muxfs takes the directory's attributes again when the same thread opens its next
+// listing, so a second walk of the tree asks nothing. The last directory listed is
+// left marked (nothing follows it), which shows the kernel's mark is in effect here.
+// With OPENDIR, the kernel's RELEASEDIR of a directory may come after the next
+// OPENDIR, and then that directory waits one listing more: the test checks the
+// directories listed before the last two.
+func TestListedDirectoryRestatted(t *testing.T) {
+	for _, mode := range []struct {
+		name string
+		o    Options
+	}{
+		{"dirless", Options{CacheDirs: true, DirTimeout: time.Minute}},
+		{"opendir", Options{}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			root := t.TempDir()
+			dirs := []string{"d0", "d1", "d2", "d3"}
+			for _, d := range dirs {
+				for _, f := range []string{"a", "b"} {
+					if err := os.MkdirAll(filepath.Join(root, d, f), 0o755); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			local, err := backend.NewLocal(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := mode.o
+			o.EntryTimeout, o.AttrTimeout = time.Minute, time.Minute
+			mp, reqs := mountLoggedWith(t, local, o)
+
+			// One thread, as a walk: the kernel names the calling thread in requests.
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			for _, d := range dirs {
+				if _, err := os.Lstat(filepath.Join(mp, d)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			from := logSize(t, reqs)
+			for _, d := range dirs {
+				if _, err := os.ReadDir(filepath.Join(mp, d)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The directories read before the last two are statted in the background.
+			refreshed := dirs[:len(dirs)-2]
+			deadline := time.Now().Add(5 * time.Second)
+			for requestsSince(t, reqs, "GETATTR", from) < len(refreshed) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the listed directories were not statted by muxfs; requests:\n%s", logSince(t, reqs, from))
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			time.Sleep(100 * time.Millisecond) // their answers reach the kernel
+			from = logSize(t, reqs)
+			for _, d := range refreshed {
+				if _, err := os.Lstat(filepath.Join(mp, d)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := requestsSince(t, reqs, "GETATTR", from); n != 0 {
+				t.Errorf("stat of the listed directories sent %d GETATTR requests, want 0:\n%s", n, logSince(t, reqs, from))
+			}
+			if _, err := os.Lstat(filepath.Join(mp, dirs[len(dirs)-1])); err != nil {
+				t.Fatal(err)
+			}
+			if n := requestsSince(t, reqs, "GETATTR", from); n != 1 {
+				t.Errorf("stat of the last directory listed sent %d GETATTR requests, want 1 (the kernel's mark)", n)
+			}
+		})
+	}
+}
+
+// logSince is what go-fuse logged to f after offset from.
+func logSince(t *testing.T, f *os.File, from int64) string {
+	t.Helper()
+	b, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b[from:])
+}
