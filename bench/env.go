@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -115,7 +116,17 @@ func sh(script string) (time.Duration, string, error) {
 	// At the limit, kill the whole pipeline, not only the shell.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	out, err := cmd.CombinedOutput()
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	err := cmd.Start()
+	if err == nil {
+		// Its own process group is out of reach of a terminal's Ctrl-C: the teardown
+		// ends it, before unmounting what it works in.
+		td.started(cmd.Process.Pid)
+		err = cmd.Wait()
+		td.ended(cmd.Process.Pid)
+	}
+	out := buf.Bytes()
 	d := time.Since(start)
 	if ctx.Err() != nil {
 		return d, string(out), fmt.Errorf("%s: no result after %v", script, commandLimit)

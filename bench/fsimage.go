@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"time"
 )
 
 // The bench's files (the server's data, muxfs' cache, the mount points) live on a
@@ -30,7 +31,15 @@ func fsImage(dir string, gib int) (undo func(), err error) {
 	}
 	dev := strings.TrimSpace(string(out))
 	undo = func() {
-		run("umount", dir)        //nolint:errcheck // best effort at exit
+		// A process that was killed just before may hold files there a moment longer;
+		// past that, detach it lazily so that the device goes once it is free.
+		for try := 0; run("umount", dir) != nil && isMounted(dir); try++ {
+			if try == 10 {
+				run("umount", "-l", dir) //nolint:errcheck // best effort at exit
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
 		run("losetup", "-d", dev) //nolint:errcheck
 		os.Remove(img)
 	}

@@ -6,6 +6,7 @@ replace github.com/muxfs/muxfs => ../
 
 require (
 	github.com/Shopify/toxiproxy/v2 v2.5.0
+	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/muxfs/muxfs v0.0.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/rs/zerolog v1.35.1

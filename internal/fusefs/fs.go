@@ -55,7 +55,8 @@ type FS struct {
 	held      map[*node]time.Time
 
 	// restat: directories are statted through the mountpoint (absolute) after the
-	// kernel read their listing (atime.go), when the kernel keeps attributes.
+	// kernel read their listing (atime.go), when the kernel keeps attributes and
+	// marks access times stale (not on a read-only mount).
 	restat     bool
 	mountpoint string
 	listedDirs listedDirs
@@ -92,7 +93,7 @@ func (f *FS) Mount(mountpoint string, o Options) (*fuse.Server, error) {
 		return nil, err
 	}
 	f.mountpoint = abs
-	f.restat = o.AttrTimeout > 0
+	f.restat = o.AttrTimeout > 0 && !o.ReadOnly
 	var fuseOpts []string
 	if o.DefaultPermissions {
 		fuseOpts = append(fuseOpts, "default_permissions")
