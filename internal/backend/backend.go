@@ -188,8 +188,9 @@ func ToErrno(err error) syscall.Errno {
 // must not keep a listing longer than muxfs itself would. A context carries it
 // through every wrapper of a source; the memory cache fills it in.
 type ListingExpiry struct {
-	mu sync.Mutex
-	at time.Time
+	mu     sync.Mutex
+	at     time.Time
+	stored bool
 }
 
 type listingExpiryKey struct{}
@@ -218,4 +219,24 @@ func (e *ListingExpiry) At() time.Time {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.at
+}
+
+// NoteListingStored records, in the ListingExpiry ctx carries if any, that a listing
+// answered under ctx came from the persistent cache's store (a walk right after a
+// remount), not from the server or from memory filled by it in this mount.
+func NoteListingStored(ctx context.Context) {
+	e, ok := ctx.Value(listingExpiryKey{}).(*ListingExpiry)
+	if !ok {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stored = true
+}
+
+// Stored reports whether any listing came from the persistent cache's store.
+func (e *ListingExpiry) Stored() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stored
 }

@@ -658,6 +658,7 @@ func (s *Source) storedListing(ctx context.Context, p string, now time.Time, sta
 		return nil, false
 	}
 	s.meta.putListing(s.id, p, list, now, at, stamp)
+	backend.NoteListingStored(ctx)
 	switch {
 	case !fresh && !offline:
 		go s.fetchListing(context.Background(), p) //nolint:errcheck // a failed refresh keeps the stored answer

@@ -346,15 +346,20 @@ func (m *memPersist) Listed(string, []backend.Entry) {}
 
 // TestStoredListings: a listing stored by an earlier mount answers at once, without a
 // request; one this mount fetched itself is fetched again once it is older than the
-// TTL (answered meanwhile from the store, the new answer arriving behind it).
+// TTL (answered meanwhile from the store, the new answer arriving behind it). Which
+// listings came from the store is reported to the caller.
 func TestStoredListings(t *testing.T) {
 	ctx := context.Background()
 	store := newMemPersist()
 	s, c, dir := newSource(t, 50*time.Millisecond, nil)
 	s.SetPersist(store, func() bool { return false })
 	os.WriteFile(dir+"/a", []byte("a"), 0o644) //nolint:errcheck
-	if _, err := s.ReadDir(ctx, ""); err != nil || c.readdirs.Load() != 1 {
+	var fetched backend.ListingExpiry
+	if _, err := s.ReadDir(backend.WithListingExpiry(ctx, &fetched), ""); err != nil || c.readdirs.Load() != 1 {
 		t.Fatalf("first listing: %v, %d requests", err, c.readdirs.Load())
+	}
+	if fetched.Stored() {
+		t.Error("a listing fetched from the server is reported as from the store")
 	}
 	time.Sleep(80 * time.Millisecond) // past the TTL
 	if list, err := s.ReadDir(ctx, ""); err != nil || len(list) != 1 {
@@ -371,8 +376,12 @@ func TestStoredListings(t *testing.T) {
 	// A new mount over the same store: its first use needs no request.
 	s2, c2, _ := newSource(t, time.Minute, nil)
 	s2.SetPersist(store, func() bool { return false })
-	if list, err := s2.ReadDir(ctx, ""); err != nil || len(list) != 1 || c2.readdirs.Load() != 0 {
+	var stored backend.ListingExpiry
+	if list, err := s2.ReadDir(backend.WithListingExpiry(ctx, &stored), ""); err != nil || len(list) != 1 || c2.readdirs.Load() != 0 {
 		t.Errorf("remounted: %v %v, %d requests", list, err, c2.readdirs.Load())
+	}
+	if !stored.Stored() {
+		t.Error("a listing answered from the store is not reported as such (fusefs statting it after a remount slows the walk)")
 	}
 }
 

@@ -26,6 +26,12 @@ import (
 // follows a listing fail with EBUSY (measured: 3 of 15 `fusermount3 -u` right after
 // `ls -lR`, with stats sent 2 ms after each listing's end). The last directory a
 // thread lists is not refreshed.
+//
+// The stat moves a GETATTR from the next walk into this one, where it is free while
+// the walk waits for the server, but not where the walk only uses the CPU: a `find`
+// right after a remount, every listing answered from the persistent cache's store,
+// took 0.28–0.36 s with the stats against 0.23–0.25 without (and the next one 0.023
+// against 0.06). Listings from the store are therefore not followed by a stat.
 
 // listedCap bounds the threads whose listed directories wait for their next listing:
 // threads that list nothing more (an `ls` that exits) leave theirs behind, and past

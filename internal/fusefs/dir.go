@@ -42,6 +42,7 @@ type dirHandle struct {
 	expires time.Time // when the earliest member listing stops being trusted
 	served  bool      // the kernel read entries from this handle
 	tid     uint32    // the thread that opened it (atime.go)
+	stored  bool      // the listing came from the persistent cache's store (atime.go)
 }
 
 var _ = (fs.NodeOpendirHandler)((*node)(nil))
@@ -165,6 +166,7 @@ func (h *dirHandle) load(ctx context.Context) syscall.Errno {
 			"dir", h.vp, "count", dropped)
 	}
 	h.entries, h.byName, h.pos, h.expires = entries, byName, 0, expiry.At()
+	h.stored = expiry.Stored()
 	return 0
 }
 
@@ -197,9 +199,9 @@ var _ = (fs.FileReleasedirer)((*dirHandle)(nil))
 // listing (atime.go).
 func (h *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 	h.mu.Lock()
-	served := h.served
+	served, stored := h.served, h.stored
 	h.mu.Unlock()
-	if served {
+	if served && !stored {
 		h.n.fsys.listed(h.n, h.tid)
 	}
 }
