@@ -185,8 +185,9 @@ func ToErrno(err error) syscall.Errno {
 
 // ListingExpiry collects when the directory listings answered for one request stop
 // being trusted, for a cache above the sources (the kernel's, see package fusefs) that
-// must not keep a listing longer than muxfs itself would. A context carries it
-// through every wrapper of a source; the memory cache fills it in.
+// must not keep a listing longer than muxfs itself would, and whether any of them came
+// from the persistent cache's store (fusefs does not restat those: atime.go). A
+// context carries it through every wrapper of a source; the memory cache fills it in.
 type ListingExpiry struct {
 	mu     sync.Mutex
 	at     time.Time
