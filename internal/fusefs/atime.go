@@ -49,7 +49,7 @@ type listedDirs struct {
 
 // listed notes that thread tid has read n's listing from muxfs.
 func (f *FS) listed(n *node, tid uint32) {
-	if !f.restat {
+	if !f.restat || tid == 0 {
 		return
 	}
 	l := &f.listedDirs
@@ -63,18 +63,26 @@ func (f *FS) listed(n *node, tid uint32) {
 	}
 }
 
-// listing is called when the thread behind ctx opens a listing: the directories it
-// read before are statted through the mount, in the background. Errors are ignored:
-// a directory removed or renamed since has nothing to refresh.
-func (f *FS) listing(ctx context.Context) {
-	caller, ok := fuse.FromContext(ctx)
-	if !f.restat || !ok {
+// requestTID is the thread that made the request behind ctx (the FUSE header's pid is
+// the caller's thread ID); 0 when unknown.
+func requestTID(ctx context.Context) uint32 {
+	if caller, ok := fuse.FromContext(ctx); ok {
+		return caller.Pid
+	}
+	return 0
+}
+
+// listing is called when thread tid opens a listing: the directories it read before
+// are statted through the mount, in the background. Errors are ignored: a directory
+// removed or renamed since has nothing to refresh.
+func (f *FS) listing(tid uint32) {
+	if !f.restat || tid == 0 {
 		return
 	}
 	l := &f.listedDirs
 	l.mu.Lock()
-	dirs := l.byTID[caller.Pid]
-	delete(l.byTID, caller.Pid)
+	dirs := l.byTID[tid]
+	delete(l.byTID, tid)
 	l.mu.Unlock()
 	if len(dirs) == 0 {
 		return

@@ -1,6 +1,7 @@
 package fusefs
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -95,4 +96,55 @@ func logSince(t *testing.T, f *os.File, from int64) string {
 		t.Fatal(err)
 	}
 	return string(b[from:])
+}
+
+// fromStore answers every listing as if from the persistent cache's store.
+type fromStore struct{ backend.Backend }
+
+func (b fromStore) ReadDir(ctx context.Context, p string) ([]backend.Entry, error) {
+	backend.NoteListingStored(ctx)
+	return b.Backend.ReadDir(ctx, p)
+}
+
+// TestStoredListingNotRestatted: listings answered from the persistent cache's store
+// (a walk right after a remount, which only uses the CPU) are not followed by muxfs'
+// stats, so the kernel's mark stays and the next stat asks.
+func TestStoredListingNotRestatted(t *testing.T) {
+	root := t.TempDir()
+	dirs := []string{"d0", "d1", "d2", "d3"}
+	for _, d := range dirs {
+		if err := os.MkdirAll(filepath.Join(root, d, "a"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	local, err := backend.NewLocal(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mp, reqs := mountLoggedWith(t, fromStore{local}, Options{CacheDirs: true, DirTimeout: time.Minute,
+		EntryTimeout: time.Minute, AttrTimeout: time.Minute})
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for _, d := range dirs {
+		if _, err := os.Lstat(filepath.Join(mp, d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	from := logSize(t, reqs)
+	for _, d := range dirs {
+		if _, err := os.ReadDir(filepath.Join(mp, d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := requestsSince(t, reqs, "GETATTR", from); n != 0 {
+		t.Errorf("listings from the store were followed by %d GETATTR requests, want 0:\n%s", n, logSince(t, reqs, from))
+	}
+	from = logSize(t, reqs)
+	if _, err := os.Lstat(filepath.Join(mp, dirs[0])); err != nil {
+		t.Fatal(err)
+	}
+	if n := requestsSince(t, reqs, "GETATTR", from); n != 1 {
+		t.Errorf("stat of a directory listed from the store sent %d GETATTR requests, want 1 (the kernel's mark, kept)", n)
+	}
 }

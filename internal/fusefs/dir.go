@@ -53,11 +53,8 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	if errno != 0 {
 		return nil, 0, errno
 	}
-	n.fsys.listing(ctx)
-	h := &dirHandle{n: n, vp: vp, l: l, rel: rel}
-	if caller, ok := fuse.FromContext(ctx); ok {
-		h.tid = caller.Pid
-	}
+	h := &dirHandle{n: n, vp: vp, l: l, rel: rel, tid: requestTID(ctx)}
+	n.fsys.listing(h.tid)
 	if errno := h.load(ctx); errno != 0 {
 		return nil, 0, errno
 	}
