@@ -540,7 +540,10 @@ func (e *entry) readAt(p []byte, off int64) (n int, ok bool) {
 	return n, true
 }
 
-// fill stores data fetched from the server at off.
+// fill stores data fetched from the server at off. It goes to the data file through
+// the writer, as a write's data does (writer.go: with direct I/O): a buffered pwrite in the read path cost 12–16% of muxfs' CPU in a
+// cold 512 MiB read, its copy into new page-cache pages (docs/design.md, "Persistent
+// cache").
 func (e *entry) fill(p []byte, off int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -548,27 +551,41 @@ func (e *entry) fill(p []byte, off int64) {
 	if !e.valid || e.detached || len(p) == 0 || e.st.full() {
 		return
 	}
-	e.storeLocked(p, off, false)
+	e.storeLocked(p, off, true)
 }
 
-// storeLocked keeps p at off and reports whether it did. With queue, p goes to the
-// data file through the writer (writer.go), in the background.
-func (e *entry) storeLocked(p []byte, off int64, queue bool) bool {
+// storeLocked keeps p at off and reports whether it did: in memory (a small file),
+// queued for the writer (writer.go), or, while the kernel reads the data file itself
+// (passthrough), written at once. A fill never waits for room in the writer's queue:
+// while the disk is behind (on the bench's machine it was, for a tenth of a cold
+// 512 MiB read) it writes p through the page cache, at once, which waits for the
+// disk only past the kernel's dirty limit. Skipping those fills instead left holes
+// that kept a re-read off passthrough.
+func (e *entry) storeLocked(p []byte, off int64, fill bool) bool {
 	e.inlineLocked()
 	if !e.keepInMemLocked(p, off) {
-		if queue && !e.passthrough {
-			f, err := e.openLocked()
-			if err != nil {
-				return false
-			}
-			e.queueLocked(f, p, off)
+		var f *os.File
+		var err error
+		if e.passthrough {
+			f, err = e.fileLocked()
 		} else {
-			f, err := e.fileLocked()
-			if err != nil {
-				return false
-			}
+			f, err = e.openLocked()
+		}
+		if err != nil {
+			return false
+		}
+		if e.passthrough || (fill && e.st.c.writerBehind()) {
+			// Bytes the spans do not name yet: no queued write holds them.
 			if _, err := f.WriteAt(p, off); err != nil {
 				return false // a full disk: the data stays uncached
+			}
+		} else {
+			e.queueLocked(f, p, off)
+			if fill {
+				// Handed over at once, not gathered: a fill is one of the kernel's
+				// read-ahead READs (up to 1 MiB), and a gathered one left for the
+				// release would make it wait for room in the queue.
+				e.sendLocked()
 			}
 		}
 		e.stored = true
@@ -695,7 +712,7 @@ func (e *entry) write(p []byte, off int64, placed bool) {
 	}
 	end := e.rec.Size
 	hole := off > end && e.holdsExactlyLocked()
-	if e.storeLocked(p, off, true) && hole {
+	if e.storeLocked(p, off, false) && hole {
 		e.addSpanLocked(end, off)
 	}
 	e.rec.Size = max(e.rec.Size, off+int64(len(p)))
@@ -1005,10 +1022,9 @@ func (st *Store) flush() {
 	inlined := st.inline.Load()
 	for i := range todo {
 		t := &todo[i]
-		t.e.mu.Lock()
 		// Spans name queued writes at once: they reach the data file before its
 		// sync. One that failed drops the data (and changes gen: no commit).
-		t.e.settleLocked()
+		t.e.lockSettled()
 		if t.e.gen == t.gen && t.f == nil {
 			switch n := int64(len(t.e.mem)); {
 			case t.e.mem == nil || t.rec.Inline: // nothing new, or already in the database

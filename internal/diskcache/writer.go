@@ -14,7 +14,9 @@ import (
 // sequential writer waits for each of those one after the other: on the bench's
 // machine 64 KiB writes of 512 MiB ran at 196–286 MB/s with that copy and 342–424
 // without (docs/design.md, "Persistent cache"). The write now queues a copy of its
-// data for the cache's writer goroutine and returns.
+// data for the cache's writer goroutine and returns. What a cold read fetches goes the
+// same way (entry.fill), but never waits for room in the queue: while the writer is
+// behind, a fill is written through the page cache at once.
 //
 // The rule that keeps this invisible: an entry's spans name queued data at once, and
 // everything that reads, syncs, truncates or replaces the data file first waits for
@@ -125,6 +127,11 @@ func (e *entry) sendLocked() {
 	e.st.c.writes <- *w
 }
 
+// writerBehind reports whether the queue is full: a fill then writes through the page
+// cache instead of waiting for the disk (storeLocked). A fill that finds room may
+// still wait briefly, if other files' writes take it first.
+func (c *Cache) writerBehind() bool { return len(c.writes) == cap(c.writes) }
+
 // aligned reports whether a write of buf[:n] at off may use direct I/O.
 func aligned(buf []byte, n int, off int64) bool {
 	return n > 0 && n%directAlign == 0 && off%directAlign == 0 &&
@@ -162,6 +169,30 @@ func (e *entry) drainLocked() (failed bool) {
 	}
 	failed, q.failed = q.failed, false
 	return failed
+}
+
+// lockSettled takes e's lock once every write queued for its data file so far is in,
+// having dropped the data if one failed (settleLocked). It waits for the writer
+// without the lock: the once-a-second flush must not hold up a cold read, whose fills
+// go through the same queue, for as long as a slow disk takes to catch up.
+func (e *entry) lockSettled() {
+	e.mu.Lock()
+	e.sendLocked()
+	q := &e.writes
+	q.mu.Lock()
+	n := q.queued
+	q.mu.Unlock()
+	e.mu.Unlock()
+	q.mu.Lock()
+	for q.made < n {
+		q.done.Wait()
+	}
+	failed := q.failed
+	q.mu.Unlock()
+	e.mu.Lock()
+	if failed {
+		e.settleLocked()
+	}
 }
 
 // writer writes the queued data to the data files, in order, until the queue is

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -333,4 +334,95 @@ func TestConcurrentWritersShareTheQueue(t *testing.T) {
 			t.Errorf("%s read after the writes differs", name)
 		}
 	}
+}
+
+// putRemote puts b at name on the server, with an mtime long past (its record is
+// committed at once: not racy).
+func putRemote(t *testing.T, remote, name string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(remote, name), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(filepath.Join(remote, name), time.Now(), time.Unix(1e9, 0)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// What a cold read fetches goes to the data file as written data does: through the
+// writer, with direct I/O (not left in the page cache).
+func TestFillsQueuedAndDirect(t *testing.T) {
+	c, s, _, remote := setup(t, t.TempDir(), Options{})
+	t.Cleanup(c.Close)
+	var writes atomic.Int64
+	c.writeFault = func() error { writes.Add(1); return nil }
+	want := data(4<<20, 23)
+	putRemote(t, remote, "r", want)
+	if got := readAll(t, s, "r"); !bytes.Equal(got, want) {
+		t.Fatal("the cold read differs")
+	}
+	c.Stores()[0].flush()
+	// 100 KiB reads: the first two held in memory (memToFileLocked writes them),
+	// each of the other 39 one queued write.
+	if n := writes.Load(); n != 39 {
+		t.Errorf("4 MiB read cold reached the data file in %d queued writes, want 39", n)
+	}
+	if c.noDirect.Load() {
+		t.Skip("the cache's file system refuses direct I/O")
+	}
+	if n := residentPages(t, s.st.dataPath("r")); n > memFileMax/os.Getpagesize() {
+		t.Errorf("%d pages of the data file are in the page cache", n)
+	}
+}
+
+// A cold read never waits for the cache's disk: with the writer held back, a read of
+// more than the writer's queue holds finishes, also across the background flush, and
+// what it fetched past the queue is written through the page cache — the whole file
+// is cached, a later mount reads it without the server.
+func TestFillsDoNotWaitForTheDisk(t *testing.T) {
+	dir := t.TempDir()
+	c, s, _, remote := setup(t, dir, Options{})
+	var queued atomic.Int64
+	gate := make(chan struct{})
+	c.writeFault = func() error { queued.Add(1); <-gate; return nil }
+	release := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(release)
+	want := data((writeQueue+8)<<20, 29)
+	putRemote(t, remote, "r", want)
+	ctx := context.Background()
+	f, err := s.Open(ctx, "r", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() {
+		got := make([]byte, 1<<20)
+		for off := 0; off < len(want); off += len(got) {
+			if off == (writeQueue+4)<<20 {
+				// The queue is full: the background flush (once a second) now
+				// waits for the writer.
+				time.Sleep(1100 * time.Millisecond)
+			}
+			n, err := f.ReadAt(ctx, got, int64(off))
+			if n != len(got) || !bytes.Equal(got, want[off:off+n]) {
+				done <- fmt.Errorf("the read at %d differs (%d bytes, %v)", off, n, err)
+				return
+			}
+		}
+		done <- f.Close(ctx)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		release()
+		t.Fatal("a cold read waited for the held writer")
+	}
+	if n := queued.Load(); n > writeQueue+1 {
+		t.Errorf("%d writes reached the held writer, want at most %d", n, writeQueue+1)
+	}
+	release()
+	c.Close()
+	remountAndRead(t, dir, remote, "r", want)
 }
