@@ -251,15 +251,21 @@ func TestSequentialWritesGatheredAndDirect(t *testing.T) {
 	e.mu.Unlock()
 	// 64 KiB writes: the first 256 KiB held in memory (memToFileLocked writes
 	// them), the other 3.75 MiB in three writes of 1 MiB and one of 768 KiB.
-	if n := writes.Load(); n != 4 {
-		t.Errorf("4 MiB written in 64 KiB writes reached the data file in %d writes, want 4", n)
+	queuedDirect(t, c, s, "w", writes.Load(), 4)
+}
+
+// queuedDirect checks that the data of p, 4 MiB, reached its data file in want queued
+// writes, with direct I/O: of its pages only the first 256 KiB, held in memory and then
+// written buffered (memToFileLocked), may be in the page cache.
+func queuedDirect(t *testing.T, c *Cache, s *Source, p string, writes, want int64) {
+	t.Helper()
+	if writes != want {
+		t.Errorf("4 MiB reached the data file in %d queued writes, want %d", writes, want)
 	}
 	if c.noDirect.Load() {
 		t.Skip("the cache's file system refuses direct I/O")
 	}
-	// The first 256 KiB were held in memory, then written to the new data file
-	// buffered (memToFileLocked); the rest went in direct.
-	if n := residentPages(t, s.st.dataPath("w")); n > memFileMax/os.Getpagesize() {
+	if n := residentPages(t, s.st.dataPath(p)); n > memFileMax/os.Getpagesize() {
 		t.Errorf("%d pages of the data file are in the page cache", n)
 	}
 }
@@ -363,15 +369,7 @@ func TestFillsQueuedAndDirect(t *testing.T) {
 	c.Stores()[0].flush()
 	// 100 KiB reads: the first two held in memory (memToFileLocked writes them),
 	// each of the other 39 one queued write.
-	if n := writes.Load(); n != 39 {
-		t.Errorf("4 MiB read cold reached the data file in %d queued writes, want 39", n)
-	}
-	if c.noDirect.Load() {
-		t.Skip("the cache's file system refuses direct I/O")
-	}
-	if n := residentPages(t, s.st.dataPath("r")); n > memFileMax/os.Getpagesize() {
-		t.Errorf("%d pages of the data file are in the page cache", n)
-	}
+	queuedDirect(t, c, s, "r", writes.Load(), 39)
 }
 
 // A cold read never waits for the cache's disk: with the writer held back, a read of
