@@ -28,39 +28,13 @@ func TestListedDirectoryRestatted(t *testing.T) {
 		{"opendir", Options{}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
-			root := t.TempDir()
-			dirs := []string{"d0", "d1", "d2", "d3"}
-			for _, d := range dirs {
-				for _, f := range []string{"a", "b"} {
-					if err := os.MkdirAll(filepath.Join(root, d, f), 0o755); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			local, err := backend.NewLocal(root)
-			if err != nil {
-				t.Fatal(err)
-			}
+			local := dirTree(t, walkDirs)
 			o := mode.o
 			o.EntryTimeout, o.AttrTimeout = time.Minute, time.Minute
 			mp, reqs := mountLoggedWith(t, local, o)
-
-			// One thread, as a walk: the kernel names the calling thread in requests.
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			for _, d := range dirs {
-				if _, err := os.Lstat(filepath.Join(mp, d)); err != nil {
-					t.Fatal(err)
-				}
-			}
-			from := logSize(t, reqs)
-			for _, d := range dirs {
-				if _, err := os.ReadDir(filepath.Join(mp, d)); err != nil {
-					t.Fatal(err)
-				}
-			}
+			from := listOnOneThread(t, mp, reqs, walkDirs)
 			// The directories read before the last two are statted in the background.
-			refreshed := dirs[:len(dirs)-2]
+			refreshed := walkDirs[:len(walkDirs)-2]
 			deadline := time.Now().Add(5 * time.Second)
 			for requestsSince(t, reqs, "GETATTR", from) < len(refreshed) {
 				if time.Now().After(deadline) {
@@ -78,7 +52,7 @@ func TestListedDirectoryRestatted(t *testing.T) {
 			if n := requestsSince(t, reqs, "GETATTR", from); n != 0 {
 				t.Errorf("stat of the listed directories sent %d GETATTR requests, want 0:\n%s", n, logSince(t, reqs, from))
 			}
-			if _, err := os.Lstat(filepath.Join(mp, dirs[len(dirs)-1])); err != nil {
+			if _, err := os.Lstat(filepath.Join(mp, walkDirs[len(walkDirs)-1])); err != nil {
 				t.Fatal(err)
 			}
 			if n := requestsSince(t, reqs, "GETATTR", from); n != 1 {
@@ -86,6 +60,48 @@ func TestListedDirectoryRestatted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// walkDirs are the directories the tests list, one after another.
+var walkDirs = []string{"d0", "d1", "d2", "d3"}
+
+// dirTree serves a local tree of the given directories, each holding two more.
+func dirTree(t *testing.T, dirs []string) backend.Backend {
+	t.Helper()
+	root := t.TempDir()
+	for _, d := range dirs {
+		for _, f := range []string{"a", "b"} {
+			if err := os.MkdirAll(filepath.Join(root, d, f), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	local, err := backend.NewLocal(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return local
+}
+
+// listOnOneThread looks the directories up, then lists each from one thread, as a walk
+// does (the kernel names the calling thread in requests), and returns where go-fuse's
+// log stood before the listings.
+func listOnOneThread(t *testing.T, mp string, reqs *os.File, dirs []string) int64 {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for _, d := range dirs {
+		if _, err := os.Lstat(filepath.Join(mp, d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	from := logSize(t, reqs)
+	for _, d := range dirs {
+		if _, err := os.ReadDir(filepath.Join(mp, d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return from
 }
 
 // logSince is what go-fuse logged to f after offset from.
@@ -110,38 +126,15 @@ func (b fromStore) ReadDir(ctx context.Context, p string) ([]backend.Entry, erro
 // (a walk right after a remount, which only uses the CPU) are not followed by muxfs'
 // stats, so the kernel's mark stays and the next stat asks.
 func TestStoredListingNotRestatted(t *testing.T) {
-	root := t.TempDir()
-	dirs := []string{"d0", "d1", "d2", "d3"}
-	for _, d := range dirs {
-		if err := os.MkdirAll(filepath.Join(root, d, "a"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	local, err := backend.NewLocal(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mp, reqs := mountLoggedWith(t, fromStore{local}, Options{CacheDirs: true, DirTimeout: time.Minute,
+	mp, reqs := mountLoggedWith(t, fromStore{dirTree(t, walkDirs)}, Options{CacheDirs: true, DirTimeout: time.Minute,
 		EntryTimeout: time.Minute, AttrTimeout: time.Minute})
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	for _, d := range dirs {
-		if _, err := os.Lstat(filepath.Join(mp, d)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	from := logSize(t, reqs)
-	for _, d := range dirs {
-		if _, err := os.ReadDir(filepath.Join(mp, d)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	from := listOnOneThread(t, mp, reqs, walkDirs)
 	time.Sleep(200 * time.Millisecond)
 	if n := requestsSince(t, reqs, "GETATTR", from); n != 0 {
 		t.Errorf("listings from the store were followed by %d GETATTR requests, want 0:\n%s", n, logSince(t, reqs, from))
 	}
 	from = logSize(t, reqs)
-	if _, err := os.Lstat(filepath.Join(mp, dirs[0])); err != nil {
+	if _, err := os.Lstat(filepath.Join(mp, walkDirs[0])); err != nil {
 		t.Fatal(err)
 	}
 	if n := requestsSince(t, reqs, "GETATTR", from); n != 1 {
