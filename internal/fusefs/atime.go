@@ -47,7 +47,7 @@ type listedDirs struct {
 	byTID map[uint32][]*node
 }
 
-// listed notes that thread tid has read n's listing from muxfs.
+// listed notes that thread tid is reading n's listing from muxfs.
 func (f *FS) listed(n *node, tid uint32) {
 	if !f.restat || tid == 0 {
 		return

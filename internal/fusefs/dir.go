@@ -40,7 +40,7 @@ type dirHandle struct {
 	byName  map[string]int
 	pos     int
 	expires time.Time // when the earliest member listing stops being trusted
-	served  bool      // the kernel read entries from this handle
+	served  bool      // the kernel read entries from this listing (atime.go)
 	tid     uint32    // the thread that opened it (atime.go)
 	stored  bool      // the listing came from the persistent cache's store (atime.go)
 }
@@ -181,26 +181,22 @@ var _ = (fs.FileReaddirenter)((*dirHandle)(nil))
 func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.served = true
+	if !h.served {
+		// The kernel marks the directory's atime stale after this READDIR's answer
+		// reaches the reading thread: have it cleared at that thread's next listing.
+		// Noted here, not at RELEASEDIR, which the kernel sends asynchronously and
+		// may deliver after several more listings of the same thread.
+		h.served = true
+		if !h.stored {
+			h.n.fsys.listed(h.n, h.tid)
+		}
+	}
 	if h.pos >= len(h.entries) {
 		return nil, 0
 	}
 	e := h.entries[h.pos]
 	h.pos++
 	return &fuse.DirEntry{Name: e.name, Mode: e.mode, Ino: e.ino, Off: uint64(h.pos)}, 0
-}
-
-var _ = (fs.FileReleasedirer)((*dirHandle)(nil))
-
-// Releasedir has the directory's attributes taken again once the kernel has read its
-// listing (atime.go).
-func (h *dirHandle) Releasedir(ctx context.Context, flags uint32) {
-	h.mu.Lock()
-	served, stored := h.served, h.stored
-	h.mu.Unlock()
-	if served && !stored {
-		h.n.fsys.listed(h.n, h.tid)
-	}
 }
 
 var _ = (fs.FileSeekdirer)((*dirHandle)(nil))
