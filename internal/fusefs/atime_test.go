@@ -34,13 +34,7 @@ func TestListedDirectoryRestatted(t *testing.T) {
 			from := listOnOneThread(t, mp, reqs, walkDirs)
 			// The directories read before the last are statted in the background.
 			refreshed := walkDirs[:len(walkDirs)-1]
-			deadline := time.Now().Add(5 * time.Second)
-			for requestsSince(t, reqs, "GETATTR", from) < len(refreshed) {
-				if time.Now().After(deadline) {
-					t.Fatalf("the listed directories were not statted by muxfs; requests:\n%s", logSince(t, reqs, from))
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			awaitRequests(t, reqs, "GETATTR", from, len(refreshed))
 			time.Sleep(100 * time.Millisecond) // their answers reach the kernel
 			from = logSize(t, reqs)
 			for _, d := range refreshed {

@@ -5,11 +5,13 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/muxfs/muxfs/internal/backend"
 )
@@ -52,7 +54,8 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	}
 	h := n.addHandle(f, fl)
 	var fuseFlags uint32
-	if n.keepCache(f.OpenedAttr()) && fl&os.O_TRUNC == 0 {
+	keep := n.keepCache(f.OpenedAttr()) && fl&os.O_TRUNC == 0
+	if keep {
 		fuseFlags |= fuse.FOPEN_KEEP_CACHE
 	}
 	if !writes(fl) {
@@ -72,7 +75,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 			pf = nil
 		}
 	}
-	mode := n.openMode(pf != nil, f.OpenedAttr())
+	mode := n.openMode(pf != nil, keep, f.OpenedAttr())
 	h.mode = mode
 	switch mode {
 	case modePassthrough:
@@ -92,14 +95,28 @@ const (
 
 // openMode decides a new handle's I/O mode and counts it: passthrough if asked for
 // and possible (no page-cached handle open, and any passthrough handle open shows the
-// same version of the file, a); direct while passthrough handles are open; cached
-// otherwise.
-func (n *node) openMode(passthrough bool, a backend.Attr) int {
+// same version of the file, a) and the kernel holds no pages of a (below); direct while
+// passthrough handles are open; cached otherwise. keep: the open keeps the kernel's
+// pages (KEEP_CACHE); without it the kernel drops them.
+//
+// A file this mount has just read (or written) through the page cache is not handed
+// to the kernel when opened again: the kernel already holds its pages, and a reread
+// from them runs at memory speed, where passthrough would read the cache's data file
+// from the disk (its writes bypass the page cache: diskcache's writer). Measured on
+// the bench rig (fio, 128 MiB, 64 KiB records, cold then at once): see
+// docs/design.md, "A reread stays in the page cache". Only for files up to
+// pagedMax(): of a larger one, most pages have left memory by the time it is read
+// again, and passthrough reads the rest faster than READs through muxfs.
+func (n *node) openMode(passthrough, keep bool, a backend.Attr) int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	sameVersion := n.ptOpen == 0 || (n.ptAttr.Size == a.Size && n.ptAttr.Mtime.Equal(a.Mtime))
+	if !keep {
+		n.paged = false
+	}
+	same := n.ptOpen == 0 || sameVersion(n.ptAttr, a)
+	paged := keep && n.paged && n.ptOpen == 0 && a.Size <= pagedMax()
 	switch {
-	case passthrough && n.cachedOpen == 0 && sameVersion:
+	case passthrough && n.cachedOpen == 0 && same && !paged:
 		n.ptOpen++
 		n.ptAttr = a
 		return modePassthrough
@@ -132,6 +149,16 @@ func (n *node) closedMode(mode int) {
 // GETATTR. Larger files keep passthrough: their reads would otherwise cross /dev/fuse
 // 128 KiB at a time.
 const passthroughMin = 1 << 20
+
+// pagedMax is the largest file whose pages the kernel is trusted to still hold when it
+// is opened again: a quarter of the machine's memory.
+var pagedMax = sync.OnceValue(func() int64 {
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) != nil {
+		return passthroughMin
+	}
+	return int64(si.Totalram) * int64(si.Unit) / 4
+})
 
 // passthroughFder is a backend file that may offer the kernel a local file holding its
 // whole content (the persistent cache).
@@ -172,8 +199,8 @@ func asFileHandle(fh fs.FileHandle) *fileHandle {
 func (n *node) keepCache(a backend.Attr) bool {
 	n.mu.Lock()
 	known := n.seenValid
-	changed := known && (n.seen.Size != a.Size || !n.seen.Mtime.Equal(a.Mtime))
-	n.seen, n.seenValid = a, true
+	changed := known && !sameVersion(n.seen, a)
+	n.seeLocked(a)
 	n.mu.Unlock()
 	if changed {
 		n.NotifyContent(0, 0)
@@ -237,6 +264,8 @@ type fileHandle struct {
 	writable  bool
 	appending bool
 	mode      int // modeCached, modeDirect or modePassthrough
+	// paging: the kernel has read or written pages through this (page-cached) handle.
+	paging atomic.Bool
 
 	// For a handle open for writing: the file as its writes have made it, so that the
 	// many stats of a compiler or linker need no round trip and no wait for writes in
@@ -312,6 +341,12 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	if err != nil && err != io.EOF && n == 0 {
 		return nil, h.n.fsys.toErrno(err)
 	}
+	if h.mode == modeCached && !h.paging.Load() {
+		h.paging.Store(true)
+		h.n.mu.Lock()
+		h.n.paged = true
+		h.n.mu.Unlock()
+	}
 	return fuse.ReadResultData(dest[:n]), 0
 }
 
@@ -323,6 +358,11 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 	n, err := h.f.WriteAt(ctx, data, off)
 	if err != nil {
 		return uint32(n), h.n.fsys.toErrno(err)
+	}
+	if h.mode == modeCached {
+		// The written pages stay in the kernel's page cache: noted at release, once
+		// the version they make is known.
+		h.paging.Store(true)
 	}
 	h.wrote(off, n, h.appending)
 	return uint32(n), 0
@@ -374,7 +414,10 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 		// (as the last flush found them) so that the next open keeps them.
 		a := h.localAttr()
 		h.n.mu.Lock()
-		h.n.seen, h.n.seenValid = a, true
+		h.n.seeLocked(a)
+		if h.paging.Load() {
+			h.n.paged = true
+		}
 		delete(h.n.writers, h)
 		h.n.mu.Unlock()
 		return h.n.fsys.toErrno(err)

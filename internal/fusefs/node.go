@@ -29,6 +29,9 @@ type node struct {
 	seen      backend.Attr
 	seenValid bool
 	writers   map[*fileHandle]struct{}
+	// paged: the kernel's page cache may hold pages of that version, read or written
+	// through a page-cached handle of this mount (openMode keeps later opens on them).
+	paged bool
 
 	// Open handles by kernel I/O mode. The kernel refuses (EIO) a passthrough open
 	// while the inode has page-cached opens, and a page-cached open while it has
@@ -54,10 +57,24 @@ func (n *node) report(out *fuse.Attr, a backend.Attr) {
 	n.mu.Lock()
 	nlink := n.nlink
 	if a.Type() == syscall.S_IFREG {
-		n.seen, n.seenValid = a, true
+		n.seeLocked(a)
 	}
 	n.mu.Unlock()
 	fillAttr(out, a, n.StableAttr().Ino, nlink)
+}
+
+// seeLocked records a as what the kernel was last told of the file. Pages of another
+// version are not the kernel's to keep (it drops them itself on a new size or mtime).
+func (n *node) seeLocked(a backend.Attr) {
+	if !n.seenValid || !sameVersion(n.seen, a) {
+		n.paged = false
+	}
+	n.seen, n.seenValid = a, true
+}
+
+// sameVersion: a and b are the same content as far as SFTP can tell (size and mtime).
+func sameVersion(a, b backend.Attr) bool {
+	return a.Size == b.Size && a.Mtime.Equal(b.Mtime)
 }
 
 // state is a consistent copy of the node's resolution.

@@ -26,6 +26,17 @@ func requestsSince(t *testing.T, f *os.File, op string, from int64) int {
 	return strings.Count(string(b[from:]), ": "+op+" ")
 }
 
+// awaitRequests waits until go-fuse has logged at least n requests op since offset
+// from (requests the kernel sends in the background: RELEASE, muxfs' own stats).
+func awaitRequests(t *testing.T, f *os.File, op string, from int64, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); requestsSince(t, f, op, from) < n; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than %d %s requests within 5 s; requests:\n%s", n, op, logSince(t, f, from))
+		}
+	}
+}
+
 // mountLogged mounts b in this process with go-fuse's request log (Debug) going to
 // the returned file, and minute-long kernel caches. It is unmounted, and the standard
 // logger given back, when the test ends.
