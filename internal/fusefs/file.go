@@ -102,8 +102,7 @@ const (
 // A file this mount has just read (or written) through the page cache is not handed
 // to the kernel when opened again: the kernel already holds its pages, and a reread
 // from them runs at memory speed, where passthrough would read the cache's data file
-// from the disk (its writes bypass the page cache: diskcache's writer). Measured on
-// the bench rig (fio, 128 MiB, 64 KiB records, cold then at once): see
+// from the disk (its writes bypass the page cache: diskcache's writer); measured in
 // docs/design.md, "A reread stays in the page cache". Only for files up to
 // pagedMax(): of a larger one, most pages have left memory by the time it is read
 // again, and passthrough reads the rest faster than READs through muxfs.
