@@ -79,29 +79,27 @@ func TestSmallFilesThroughPageCache(t *testing.T) {
 	// RELEASE comes after close(2) has returned, and until it is served the file
 	// counts as open through the page cache, which would keep passthrough off anyway:
 	// the reread waits for it.
+	fromPages := func(name, what string) {
+		t.Helper()
+		from := logSize(t, reqs)
+		read(name, large)
+		for _, op := range []string{"READ", "BACKING_OPEN"} {
+			if n := requestsSince(t, reqs, op, from); n != 0 {
+				t.Errorf("%s sent %d %s requests, want 0 (its pages)", what, n, op)
+			}
+		}
+	}
 	from = logSize(t, reqs)
 	read("large", large)
 	awaitRequests(t, reqs, "RELEASE", from, 1)
-	from = logSize(t, reqs)
-	read("large", large)
-	for _, op := range []string{"READ", "BACKING_OPEN"} {
-		if n := requestsSince(t, reqs, op, from); n != 0 {
-			t.Errorf("a reread of a large file this mount has just read sent %d %s requests, want 0 (its pages)", n, op)
-		}
-	}
+	fromPages("large", "a reread of a large file this mount has just read")
 	// So does one it has just written (its pages hold what was written).
 	from = logSize(t, reqs)
 	if err := os.WriteFile(filepath.Join(mp, "large-written"), large, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	awaitRequests(t, reqs, "RELEASE", from, 1)
-	from = logSize(t, reqs)
-	read("large-written", large)
-	for _, op := range []string{"READ", "BACKING_OPEN"} {
-		if n := requestsSince(t, reqs, op, from); n != 0 {
-			t.Errorf("reading a large file this mount has just written sent %d %s requests, want 0 (its pages)", n, op)
-		}
-	}
+	fromPages("large-written", "reading a large file this mount has just written")
 	if os.Geteuid() != 0 {
 		return // passthrough needs CAP_SYS_ADMIN
 	}
