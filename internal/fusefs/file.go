@@ -389,7 +389,23 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	h.mu.Lock()
 	h.attr = a
 	h.mu.Unlock()
+	// Here, not only at release: the kernel sends RELEASE after close(2) has
+	// returned, and an open made at once (a linker's of the object just written)
+	// would otherwise find the version from before the writes and drop the pages.
+	h.written(a)
 	return 0
+}
+
+// written records that the kernel's pages of the file, as far as this handle wrote
+// them, are of version a (the server's after every write of the handle): the next
+// open keeps them.
+func (h *fileHandle) written(a backend.Attr) {
+	h.n.mu.Lock()
+	defer h.n.mu.Unlock()
+	h.n.seeLocked(a)
+	if h.paging.Load() {
+		h.n.paged = true
+	}
 }
 
 var _ = (fs.FileFsyncer)((*fileHandle)(nil))
@@ -409,14 +425,10 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	h.use.Unlock()
 	if h.writable {
 		err := h.f.Close(ctx)
-		// The kernel's pages hold what we wrote: record the file's size and mtime
-		// (as the last flush found them) so that the next open keeps them.
-		a := h.localAttr()
+		// As the last flush found the file (written), or as its open did if it
+		// was never written to.
+		h.written(h.localAttr())
 		h.n.mu.Lock()
-		h.n.seeLocked(a)
-		if h.paging.Load() {
-			h.n.paged = true
-		}
 		delete(h.n.writers, h)
 		h.n.mu.Unlock()
 		return h.n.fsys.toErrno(err)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/muxfs/muxfs/internal/backend"
@@ -79,27 +80,45 @@ func TestSmallFilesThroughPageCache(t *testing.T) {
 	// RELEASE comes after close(2) has returned, and until it is served the file
 	// counts as open through the page cache, which would keep passthrough off anyway:
 	// the reread waits for it.
+	// What muxfs decides is the open: no passthrough, and the kernel's pages kept
+	// (without KEEP_CACHE the kernel drops them all and reads the whole file again,
+	// 8 READs of 128 KiB). The kernel may still reclaim a few pages on its own (once in
+	// some hundred runs on a loaded machine, 3 READs), so only a whole read fails.
 	fromPages := func(name, what string) {
 		t.Helper()
 		from := logSize(t, reqs)
 		read(name, large)
-		for _, op := range []string{"READ", "BACKING_OPEN"} {
-			if n := requestsSince(t, reqs, op, from); n != 0 {
-				t.Errorf("%s sent %d %s requests, want 0 (its pages)", what, n, op)
-			}
+		if n := requestsSince(t, reqs, "BACKING_OPEN", from); n != 0 {
+			t.Errorf("%s was handed to the kernel (passthrough), want its pages:\n%s", what, logSince(t, reqs, from))
+		}
+		if n := requestsSince(t, reqs, "READ", from); n >= len(large)>>17 {
+			t.Errorf("%s sent %d READ requests (the whole file), want its pages:\n%s", what, n, logSince(t, reqs, from))
 		}
 	}
 	from = logSize(t, reqs)
 	read("large", large)
 	awaitRequests(t, reqs, "RELEASE", from, 1)
 	fromPages("large", "a reread of a large file this mount has just read")
-	// So does one it has just written (its pages hold what was written).
-	from = logSize(t, reqs)
-	if err := os.WriteFile(filepath.Join(mp, "large-written"), large, 0o644); err != nil {
+	// So does one it has just written (its pages hold what was written), opened again
+	// before the kernel's RELEASE of the writer, as a linker opens the object a
+	// compiler has just closed: RELEASE comes after close(2), here not at all while a
+	// duplicate of the writer's descriptor stays open.
+	w, err := os.Create(filepath.Join(mp, "large-written"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	awaitRequests(t, reqs, "RELEASE", from, 1)
+	if _, err := w.Write(large); err != nil {
+		t.Fatal(err)
+	}
+	dup, err := syscall.Dup(int(w.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil { // FLUSH: the server has every write
+		t.Fatal(err)
+	}
 	fromPages("large-written", "reading a large file this mount has just written")
+	syscall.Close(dup)
 	if os.Geteuid() != 0 {
 		return // passthrough needs CAP_SYS_ADMIN
 	}
