@@ -187,8 +187,8 @@ func asFileHandle(fh fs.FileHandle) *fileHandle {
 	return nil
 }
 
-// keepCache compares the file as the server has it now (just opened) with what the
-// kernel was last told. Unchanged: the kernel's pages stay valid (KEEP_CACHE).
+// keepCache compares the file as the server has it now (just opened) with the
+// version the kernel's pages are of (seen). Unchanged: they stay valid (KEEP_CACHE).
 // Changed behind our back: the kernel's attributes and pages are dropped here, before
 // the open returns, so the opener reads the new content at its new size
 // (close-to-open, as NFS does). Notifying inside OPEN is safe: the kernel holds no lock
@@ -359,8 +359,8 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 		return uint32(n), h.n.fsys.toErrno(err)
 	}
 	if h.mode == modeCached {
-		// The written pages stay in the kernel's page cache: noted at release, once
-		// the version they make is known.
+		// The written pages stay in the kernel's page cache: noted at flush and
+		// release, once the version they make is known (written).
 		h.paging.Store(true)
 	}
 	h.wrote(off, n, h.appending)

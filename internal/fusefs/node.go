@@ -23,9 +23,11 @@ type node struct {
 	dirs   []int // for a directory: the branches whose directories are merged here
 	nlink  uint32
 
-	// For a file: the attributes the kernel was last given (its size, and its cached
-	// pages, match them), and the handles open for writing (their writes may still be
-	// in flight).
+	// For a file: the version (size, mtime) its pages in the kernel's cache are of,
+	// and the handles open for writing (their writes may still be in flight). Only an
+	// open (keepCache, which drops the pages when the server's version differs) and
+	// the mount's own writes set it; a stat does not, since the kernel keeps a file's
+	// pages whatever attributes it is told (muxfs invalidates them explicitly).
 	seen      backend.Attr
 	seenValid bool
 	writers   map[*fileHandle]struct{}
@@ -52,19 +54,13 @@ func (n *node) nlinkNow() uint32 {
 	return n.nlink
 }
 
-// report fills out for the kernel and remembers what the kernel now believes.
+// report fills out for the kernel.
 func (n *node) report(out *fuse.Attr, a backend.Attr) {
-	n.mu.Lock()
-	nlink := n.nlink
-	if a.Type() == syscall.S_IFREG {
-		n.seeLocked(a)
-	}
-	n.mu.Unlock()
-	fillAttr(out, a, n.StableAttr().Ino, nlink)
+	fillAttr(out, a, n.StableAttr().Ino, n.nlinkNow())
 }
 
-// seeLocked records a as what the kernel was last told of the file. Pages of another
-// version are not the kernel's to keep (it drops them itself on a new size or mtime).
+// seeLocked records that the kernel's pages of the file are of version a; those of
+// the version before, if it differs, are no longer known to be there (paged).
 func (n *node) seeLocked(a backend.Attr) {
 	if !n.seenValid || !sameVersion(n.seen, a) {
 		n.paged = false
@@ -178,7 +174,6 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	// best: the server has not seen every write yet, and a smaller size from it would
 	// make the kernel shrink the file it has just grown.
 	if a, ok := n.writersAttr(); ok {
-		// Not recorded as seen: the mtime is the server's from before the writes.
 		fillAttr(&out.Attr, a, ino, n.nlinkNow())
 		return 0
 	}
