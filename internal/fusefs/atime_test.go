@@ -61,17 +61,13 @@ var walkDirs = []string{"d0", "d1", "d2", "d3"}
 // dirTree serves a local tree of the given directories, each holding two more.
 func dirTree(t *testing.T, dirs []string) backend.Backend {
 	t.Helper()
-	root := t.TempDir()
+	root, local := localDir(t)
 	for _, d := range dirs {
 		for _, f := range []string{"a", "b"} {
 			if err := os.MkdirAll(filepath.Join(root, d, f), 0o755); err != nil {
 				t.Fatal(err)
 			}
 		}
-	}
-	local, err := backend.NewLocal(root)
-	if err != nil {
-		t.Fatal(err)
 	}
 	return local
 }

@@ -5,8 +5,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/muxfs/muxfs/internal/backend"
 )
 
 // TestChangeSeenByStatThenOpen: a file changed on the server (same size, new mtime)
@@ -15,11 +13,7 @@ import (
 // drop a file's pages when its attributes change (muxfs controls them, explicitly),
 // so the open must still find the change.
 func TestChangeSeenByStatThenOpen(t *testing.T) {
-	root := t.TempDir()
-	local, err := backend.NewLocal(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, local := localDir(t)
 	mp, _ := mountLoggedWith(t, local, Options{EntryTimeout: time.Minute})
 	p := filepath.Join(root, "f")
 	if err := os.WriteFile(p, []byte("old content"), 0o644); err != nil {

@@ -40,11 +40,7 @@ func (f *statCountingFile) Stat(ctx context.Context) (backend.Attr, error) {
 // created or opened for writing and closed untouched keeps the attributes of its open
 // (bonnie++'s creates, lock files), with the changes made through other ways since.
 func TestCloseWaitsOnlyAfterChanges(t *testing.T) {
-	root := t.TempDir()
-	local, err := backend.NewLocal(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, local := localDir(t)
 	b := &statCounting{Backend: local}
 	mp, _ := mountLogged(t, b)
 

@@ -18,11 +18,7 @@ import (
 // read marks the access time stale, so each later stat would ask). A large one is
 // still handed over where the kernel lets muxfs (as root).
 func TestSmallFilesThroughPageCache(t *testing.T) {
-	root := t.TempDir()
-	local, err := backend.NewLocal(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, local := localDir(t)
 	c, err := diskcache.Open(t.TempDir(), diskcache.Options{}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)

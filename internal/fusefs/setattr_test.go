@@ -26,6 +26,18 @@ func requestsSince(t *testing.T, f *os.File, op string, from int64) int {
 	return strings.Count(string(b[from:]), ": "+op+" ")
 }
 
+// localDir is a local directory served as a source, for tests to fill from outside
+// the mount.
+func localDir(t *testing.T) (string, *backend.Local) {
+	t.Helper()
+	root := t.TempDir()
+	local, err := backend.NewLocal(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root, local
+}
+
 // awaitRequests waits until go-fuse has logged at least n requests op since offset
 // from (requests the kernel sends in the background: RELEASE, muxfs' own stats).
 func awaitRequests(t *testing.T, f *os.File, op string, from int64, n int) {
@@ -92,11 +104,7 @@ func logSize(t *testing.T, f *os.File) int64 {
 // (tar: every file it extracts) costs no further request. go-fuse's bridge gives
 // SETATTR answers no validity of their own.
 func TestSetattrKeepsAttributes(t *testing.T) {
-	root := t.TempDir()
-	local, err := backend.NewLocal(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, local := localDir(t)
 	mp, reqs := mountLogged(t, local)
 
 	f, err := os.Create(filepath.Join(mp, "f"))
