@@ -131,6 +131,7 @@ func main() {
 			if !selected(*wlList, w.name) || !w.at(rtt) {
 				continue
 			}
+			var measured []system
 			for _, sys := range systems {
 				if !selected(*sysList, sys.name) || (sys.only != nil && !slices.Contains(sys.only, w.name)) {
 					continue
@@ -141,11 +142,9 @@ func main() {
 						continue
 					}
 				}
-				b.measure(w, sys, rtt)
+				measured = append(measured, sys)
 			}
-			if w.name == "seq" {
-				b.rawStream(rtt)
-			}
+			b.interleave(w, measured, rtt)
 		}
 	}
 	log.Printf("all measurements took %v", time.Since(started).Round(time.Second))
@@ -221,8 +220,29 @@ func (b *bench) ensureFile(s *session, name string, n int) error {
 	return err
 }
 
-// measure runs workload w on system sys at rtt, reps times, on a fresh mount.
-func (b *bench) measure(w workload, sys system, rtt time.Duration) {
+// interleave runs workload w on every system at rtt, b.reps times: each repetition
+// runs every system once, in an order that turns by one from one repetition to the
+// next. This machine's speed drifts by more than the margins of the targets over the
+// minutes one system's repetitions take (docs/bench-notes.md), so the repetitions of
+// the systems compared are taken in turn: a slow spell falls on all of them, not on
+// one system's median. A system that fails is not run again.
+func (b *bench) interleave(w workload, systems []system, rtt time.Duration) {
+	failed := map[string]bool{}
+	for rep := 0; rep < b.reps; rep++ {
+		for _, sys := range rotate(systems, rep) {
+			if !failed[sys.name] && !b.measure(w, sys, rtt, rep) {
+				failed[sys.name] = true
+			}
+		}
+		if w.name == "seq" && !failed["ssh-stream"] && !b.rawStream(rtt, rep) {
+			failed["ssh-stream"] = true
+		}
+	}
+}
+
+// measure runs workload w once on system sys at rtt, on a fresh mount, as repetition
+// rep; it says whether it succeeded.
+func (b *bench) measure(w workload, sys system, rtt time.Duration, rep int) bool {
 	dir := filepath.Join(b.data, sys.name)
 	if w.name == "tree" || w.name == "warm" {
 		dir = filepath.Join(b.data, "shared")
@@ -234,21 +254,21 @@ func (b *bench) measure(w workload, sys system, rtt time.Duration) {
 	if err != nil {
 		b.results.fail(rtt, w.name, sys.name, err)
 		log.Printf("%v %s %s: %v", rtt, w.name, sys.name, err)
-		return
+		return false
 	}
 	defer s.close()
-	for rep := 0; rep < b.reps; rep++ {
-		res, err := w.run(b, s, rtt)
-		for _, r := range res {
-			b.results.add(rtt, w.name, sys.name, r)
-		}
-		if err != nil {
-			b.results.fail(rtt, w.name, sys.name, err)
-			log.Printf("%v %s %s: %v", rtt, w.name, sys.name, err)
-			return
-		}
-		log.Printf("%v %s %s rep %d: %s", rtt, w.name, sys.name, rep+1, summary(res))
+	s.round = rep
+	res, err := w.run(b, s, rtt)
+	for _, r := range res {
+		b.results.add(rtt, w.name, sys.name, r)
 	}
+	if err != nil {
+		b.results.fail(rtt, w.name, sys.name, err)
+		log.Printf("%v %s %s: %v", rtt, w.name, sys.name, err)
+		return false
+	}
+	log.Printf("%v %s %s rep %d: %s", rtt, w.name, sys.name, rep+1, summary(res))
+	return true
 }
 
 func summary(res []result) string {
@@ -259,12 +279,13 @@ func summary(res []result) string {
 	return strings.Join(parts, " ")
 }
 
-// rawStream measures `ssh host cat FILE` through the same link: the limit of one SSH
-// stream, with ssh's default cipher and with the one muxfs prefers. Where the file
-// systems write (0 ms), it measures the other direction too, `ssh host 'cat > FILE;
-// sync FILE'` (fio's write ends with an fsync): the server writing a new file from
-// one stream, the limit of a sequential write.
-func (b *bench) rawStream(rtt time.Duration) {
+// rawStream measures `ssh host cat FILE` through the same link, once, as repetition
+// rep: the limit of one SSH stream, with ssh's default cipher and with the one muxfs
+// prefers. Where the file systems write (0 ms), it measures the other direction too,
+// `ssh host 'cat > FILE; sync FILE'` (fio's write ends with an fsync): the server
+// writing a new file from one stream, the limit of a sequential write. It says
+// whether it succeeded.
+func (b *bench) rawStream(rtt time.Duration, rep int) bool {
 	file := filepath.Join(b.data, "shared", "stream.dat")
 	if _, _, err := sh(fmt.Sprintf("test -s %s || dd if=/dev/urandom of=%s bs=1M count=%d status=none", file, file, b.seqMiB)); err != nil {
 		fatal(err)
@@ -274,33 +295,32 @@ func (b *bench) rawStream(rtt time.Duration) {
 	for _, v := range []struct{ name, cipher string }{{"ssh-stream", ""}, {"ssh-stream-gcm", "-c aes128-gcm@openssh.com"}} {
 		opts := "-o " + strings.Join(b.env.sshOpts(), " -o ")
 		ssh := fmt.Sprintf("ssh %s %s -p %d %s@127.0.0.1", opts, v.cipher, b.env.proxies[rtt], b.env.server.User)
-		for rep := 0; rep < b.reps; rep++ {
-			// The connection's setup is not part of the stream: time it alone and
-			// take it off.
-			setup, _, err := sh(ssh + " true")
-			if err == nil {
-				dropCaches()
-				var d time.Duration
-				d, _, err = sh(fmt.Sprintf("%s cat %s > /dev/null", ssh, file))
-				res := []result{{"read", "MB/s", float64(b.seqMiB<<20) / mb / (d - setup).Seconds(), true}}
-				if err == nil && rtt == 0 {
-					os.Remove(written) //nolint:errcheck // each repetition writes a new file, as fio's write does
-					d, _, err = sh(fmt.Sprintf("%s 'cat > %s && sync %s' < %s", ssh, written, written, file))
-					res = append(res, result{"write", "MB/s", float64(b.seqMiB<<20) / mb / (d - setup).Seconds(), true})
-				}
-				if err == nil {
-					for _, r := range res {
-						b.results.add(rtt, "seq", v.name, r)
-					}
-					log.Printf("%v seq %s rep %d: %s", rtt, v.name, rep+1, summary(res))
-				}
+		// The connection's setup is not part of the stream: time it alone and take
+		// it off.
+		setup, _, err := sh(ssh + " true")
+		if err == nil {
+			dropCaches()
+			var d time.Duration
+			d, _, err = sh(fmt.Sprintf("%s cat %s > /dev/null", ssh, file))
+			res := []result{{"read", "MB/s", float64(b.seqMiB<<20) / mb / (d - setup).Seconds(), true}}
+			if err == nil && rtt == 0 {
+				os.Remove(written) //nolint:errcheck // each repetition writes a new file, as fio's write does
+				d, _, err = sh(fmt.Sprintf("%s 'cat > %s && sync %s' < %s", ssh, written, written, file))
+				res = append(res, result{"write", "MB/s", float64(b.seqMiB<<20) / mb / (d - setup).Seconds(), true})
 			}
-			if err != nil {
-				b.results.fail(rtt, "seq", v.name, err)
-				break
+			if err == nil {
+				for _, r := range res {
+					b.results.add(rtt, "seq", v.name, r)
+				}
+				log.Printf("%v seq %s rep %d: %s", rtt, v.name, rep+1, summary(res))
 			}
 		}
+		if err != nil {
+			b.results.fail(rtt, "seq", v.name, err)
+			return false
+		}
 	}
+	return true
 }
 
 // serve prints the rig's addresses and each system's mount command, and waits for

@@ -140,7 +140,7 @@ func (s *store) report(file, chartDir, notes string, cmdline string, rtts []time
 	if m == "" {
 		m = machine() + " (the machine that wrote this page: the run's log does not name its own)"
 	}
-	fmt.Fprintf(&b, "Machine: %s. Every system reaches the same OpenSSH server on loopback; added round-trip time comes from a toxiproxy latency proxy (half each way). Each cell is the median of the repetitions, with min–max. \"fails\" means the workload does not run on that system (the error is listed below the table).\n\n", m)
+	fmt.Fprintf(&b, "Machine: %s. Every system reaches the same OpenSSH server on loopback; added round-trip time comes from a toxiproxy latency proxy (half each way). Each cell is the median of the repetitions, with min–max; a workload's repetitions are taken in turn, every system once per repetition. \"fails\" means the workload does not run on that system (the error is listed below the table).\n\n", m)
 	if s.fs != "" {
 		fmt.Fprintf(&b, "Files: %s (see bench/README.md).\n\n", s.fs)
 	}

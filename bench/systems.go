@@ -123,8 +123,8 @@ type session struct {
 	port int
 	dir  string // on the server
 	mp   string // where the workload runs
-	// round counts the repetitions run on this session, for workloads that change
-	// the order of their readings from one to the next.
+	// round is the repetition this session runs, for workloads that change the
+	// order of their readings from one to the next.
 	round int
 }
 

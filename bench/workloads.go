@@ -149,6 +149,9 @@ const cacheRounds = 6
 
 // rotate returns rs rotated left by n.
 func rotate[T any](rs []T, n int) []T {
+	if len(rs) == 0 {
+		return nil
+	}
 	n %= len(rs)
 	return append(slices.Clone(rs[n:]), rs[:n]...)
 }
@@ -199,8 +202,8 @@ func warmWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 	if err := s.remountKeeping(); err != nil {
 		return nil, err
 	}
-	// Fill the cache: each command once (the first repetition pays, later ones find
-	// it full already).
+	// Fill the cache: each command once (every repetition mounts with a new, empty
+	// cache).
 	for _, c := range cmds {
 		if _, _, err := sh(c.script); err != nil {
 			return nil, err
@@ -245,7 +248,6 @@ func warmWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 			}
 		}
 	}
-	s.round++
 	return res, nil
 }
 
