@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,6 +26,9 @@ type system struct {
 	// mount mounts remote dir at mp, reaching the server on port (muxfs systems are
 	// mounted by session.mount).
 	mount func(e *env, port int, dir, mp string) error
+	// diskCache, if set, is where the system mounted at mp keeps file data on local
+	// disk across mounts; a cold mount starts with it empty, as muxfs' does.
+	diskCache func(e *env, mp string) string
 }
 
 func sshfsOpts(e *env, port int, extra string) string {
@@ -45,7 +49,8 @@ var systems = []system{
 			fmt.Sprintf("%s@127.0.0.1:%s", e.server.User, dir), mp)
 	}},
 	{name: "rclone", mount: func(e *env, port int, dir, mp string) error { return rcloneMount(e, port, dir, mp, "off") }},
-	{name: "rclone-full", mount: func(e *env, port int, dir, mp string) error { return rcloneMount(e, port, dir, mp, "full") }},
+	{name: "rclone-full", mount: func(e *env, port int, dir, mp string) error { return rcloneMount(e, port, dir, mp, "full") },
+		diskCache: rcloneCache},
 	{name: "muxfs", muxfs: true},
 	// Close-to-open off (opt-in): what muxfs does for a walk of opens without a
 	// round trip at each.
@@ -73,12 +78,17 @@ func rcloneMount(e *env, port int, dir, mp, mode string) error {
 		port, e.server.User, e.keys.Identity, e.keys.KnownHosts, dir)
 	args := []string{"mount", remote, mp, "--daemon", "--vfs-cache-mode", mode}
 	if mode != "off" {
-		args = append(args, "--cache-dir", filepath.Join(e.root, "rclone-cache", filepath.Base(mp)))
+		args = append(args, "--cache-dir", rcloneCache(e, mp))
 	}
 	if err := run("rclone", args...); err != nil {
 		return err
 	}
 	return waitMounted(mp)
+}
+
+// rcloneCache is the VFS cache directory of the rclone mount at mp.
+func rcloneCache(e *env, mp string) string {
+	return filepath.Join(e.root, "rclone-cache", filepath.Base(mp))
 }
 
 func run(name string, args ...string) error {
@@ -112,6 +122,15 @@ func unmount(mp string) {
 	}
 	for deadline := time.Now().Add(10 * time.Second); isMounted(mp) && time.Now().Before(deadline); {
 		time.Sleep(20 * time.Millisecond)
+	}
+	// The file system's process outlives the unmount for a moment (rclone's daemon
+	// writes its cache's state as it ends): what follows — emptying that cache, a
+	// new mount on the same point — must not race it.
+	daemon := regexp.QuoteMeta(mp) + "( |$)"
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if exec.Command("pgrep", "-f", daemon).Run() != nil {
+			return
+		}
 	}
 }
 
@@ -153,6 +172,13 @@ func (s *session) remount() error {
 		// here would put the file system's work of freeing it (hundreds of MiB at
 		// times) next to the timed commands; session.close deletes them.
 		s.e.cacheGen++
+	}
+	if s.sys.diskCache != nil {
+		// rclone's VFS cache outlives its mount: a cold read after a remount came
+		// from the local disk (the seq workload's read of the file just written).
+		if err := os.RemoveAll(s.sys.diskCache(s.e, s.mp)); err != nil {
+			return err
+		}
 	}
 	dropCaches()
 	if err := s.mount(); err != nil {

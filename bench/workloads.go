@@ -33,7 +33,7 @@ type workload struct {
 }
 
 var workloads = []workload{
-	{name: "seq", desc: "IOzone-style sequential I/O with fio, 64 KiB records: write and rewrite (fsync at the end), then read from a fresh mount with dropped caches and reread at once (as IOzone's reread: the file's pages are not dropped, fio `--invalidate=0`)",
+	{name: "seq", desc: "IOzone-style sequential I/O with fio, 64 KiB records: write and rewrite (fsync at the end), then read a file of the same size (written on the server: what a system's close left unsent does not count) from a fresh mount with dropped caches and reread at once (as IOzone's reread: the file's pages are not dropped, fio `--invalidate=0`)",
 		at: func(time.Duration) bool { return true }, run: seqWorkload},
 	{name: "rand", desc: "random 4 KiB I/O with fio on a 64 MiB file, 5 s each, one request at a time (psync): read IOPS, then write IOPS with an fsync at the end",
 		at: func(rtt time.Duration) bool { return rtt == 0 }, run: randWorkload},
@@ -321,8 +321,13 @@ func seqWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 			}
 			res = append(res, result{name, "MB/s", o.Jobs[0].Write.BwBytes / mb, true})
 		}
-	} else if err := b.ensureFile(s, "seq.dat", b.seqMiB); err != nil {
-		return nil, err
+	}
+	// The reads are of a file the server wrote itself, not of the one just written:
+	// rclone-full's close and fsync return before its upload (5 s later), and its
+	// unmount does not wait for it, so the file written may not be on the server.
+	read := filepath.Join(s.mp, "seq-read.dat")
+	if err := b.ensureFile(s, "seq-read.dat", b.seqMiB); err != nil {
+		return res, err
 	}
 	if err := s.remount(); err != nil {
 		return res, err
@@ -330,7 +335,7 @@ func seqWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 	// IOzone's reread reads the file just read, from whatever cache the system kept
 	// of it; fio drops a file's pages before each job unless told not to.
 	for _, job := range []struct{ name, invalidate string }{{"read", "1"}, {"reread", "0"}} {
-		o, err := fio("--name="+job.name, "--filename="+file, "--rw=read", "--bs=64k", "--size="+size, "--invalidate="+job.invalidate)
+		o, err := fio("--name="+job.name, "--filename="+read, "--rw=read", "--bs=64k", "--size="+size, "--invalidate="+job.invalidate)
 		if err != nil {
 			return res, err
 		}
