@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"log"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -125,13 +126,17 @@ func unmount(mp string) {
 	}
 	// The file system's process outlives the unmount for a moment (rclone's daemon
 	// writes its cache's state as it ends): what follows — emptying that cache, a
-	// new mount on the same point — must not race it.
+	// new mount on the same point, the next system's measurement — must not race
+	// it. One still busy after a minute is killed, so that its work cannot fall
+	// into another system's figures.
 	daemon := regexp.QuoteMeta(mp) + "( |$)"
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if exec.Command("pgrep", "-f", daemon).Run() != nil {
 			return
 		}
 	}
+	log.Printf("%s: its file system's process still runs a minute after the unmount: killed", mp)
+	exec.Command("pkill", "-KILL", "-f", daemon).Run() //nolint:errcheck // gone already is fine
 }
 
 // session is one system mounted over one link: the directory to work in, and how to
