@@ -220,23 +220,34 @@ func (b *bench) ensureFile(s *session, name string, n int) error {
 	return err
 }
 
-// interleave runs workload w on every system at rtt, b.reps times: each repetition
-// runs every system once, in an order that turns by one from one repetition to the
-// next. This machine's speed drifts by more than the margins of the targets over the
-// minutes one system's repetitions take (docs/bench-notes.md), so the repetitions of
-// the systems compared are taken in turn: a slow spell falls on all of them, not on
-// one system's median. A system that fails is not run again.
+// interleave runs workload w on every system at rtt, b.reps times, in turn (inTurn),
+// and for seq the raw SSH streams after each repetition's systems. This machine's
+// speed drifts by more than the margins of the targets over the minutes one system's
+// repetitions take (docs/bench-notes.md): taken in turn, a slow spell falls on all
+// the systems compared, not on one system's median.
 func (b *bench) interleave(w workload, systems []system, rtt time.Duration) {
+	streams := w.name == "seq"
+	inTurn(systems, b.reps, func(sys system, rep int) bool {
+		return b.measure(w, sys, rtt, rep)
+	}, func(rep int) {
+		if streams {
+			streams = b.rawStream(rtt, rep)
+		}
+	})
+}
+
+// inTurn calls run for every system in each of reps repetitions, in an order turned
+// by one from one repetition to the next, and after at the end of each repetition. A
+// system for which run returns false (it failed) is not run again.
+func inTurn(systems []system, reps int, run func(sys system, rep int) bool, after func(rep int)) {
 	failed := map[string]bool{}
-	for rep := 0; rep < b.reps; rep++ {
+	for rep := 0; rep < reps; rep++ {
 		for _, sys := range rotate(systems, rep) {
-			if !failed[sys.name] && !b.measure(w, sys, rtt, rep) {
+			if !failed[sys.name] && !run(sys, rep) {
 				failed[sys.name] = true
 			}
 		}
-		if w.name == "seq" && !failed["ssh-stream"] && !b.rawStream(rtt, rep) {
-			failed["ssh-stream"] = true
-		}
+		after(rep)
 	}
 }
 
