@@ -124,18 +124,25 @@ func unmount(mp string) {
 	for deadline := time.Now().Add(10 * time.Second); isMounted(mp) && time.Now().Before(deadline); {
 		time.Sleep(20 * time.Millisecond)
 	}
-	// The file system's process outlives the unmount for a moment (rclone's daemon
-	// writes its cache's state as it ends): what follows — emptying that cache, a
-	// new mount on the same point, the next system's measurement — must not race
-	// it. One still busy after a minute is killed, so that its work cannot fall
-	// into another system's figures.
+	awaitExit(mp, time.Minute)
+}
+
+// awaitExit waits until no process has mp as the last word of its command line (a
+// file system's process mounted there), and kills any still there after limit.
+//
+// The file system's process outlives the unmount for a moment (rclone's daemon writes
+// its cache's state as it ends): what follows — emptying that cache, a new mount on
+// the same point, the next system's measurement — must not race it, and one still
+// busy after the limit is killed, so that its work cannot fall into another system's
+// figures.
+func awaitExit(mp string, limit time.Duration) {
 	daemon := regexp.QuoteMeta(mp) + "( |$)"
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if exec.Command("pgrep", "-f", daemon).Run() != nil {
 			return
 		}
 	}
-	log.Printf("%s: its file system's process still runs a minute after the unmount: killed", mp)
+	log.Printf("%s: its file system's process still runs %v after the unmount: killed", mp, limit)
 	exec.Command("pkill", "-KILL", "-f", daemon).Run() //nolint:errcheck // gone already is fine
 }
 

@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 )
@@ -93,4 +95,45 @@ func TestTeardownRun(t *testing.T) {
 		t.Errorf("steps ran %q, want %q", steps, want)
 	}
 	srv.Wait() // the outer mount's server ends with its unmount
+}
+
+// TestAwaitExit: the process whose command line ends with the mount point is waited
+// for and killed at the limit; one mounted at a longer path (muxfs-nocto beside
+// muxfs) is neither waited for nor killed.
+func TestAwaitExit(t *testing.T) {
+	mp := filepath.Join(t.TempDir(), "mnt", "muxfs")
+	// start runs a process whose command line ends with arg; the channel is closed
+	// when it has ended.
+	start := func(arg string) chan struct{} {
+		c := exec.Command("sh", "-c", "sleep 30", "sh", arg)
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		ended := make(chan struct{})
+		go func() { c.Wait(); close(ended) }()          //nolint:errcheck // killed is how it ends
+		t.Cleanup(func() { c.Process.Kill(); <-ended }) //nolint:errcheck // ended already, in the passing case
+		return ended
+	}
+	other := start(mp + "-nocto")
+	daemon := start(mp)
+	began := time.Now()
+	awaitExit(mp, 300*time.Millisecond)
+	if d := time.Since(began); d < 300*time.Millisecond {
+		t.Fatalf("returned after %v with the process still there", d)
+	}
+	select {
+	case <-daemon:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the process mounted at the point was not killed")
+	}
+	select {
+	case <-other:
+		t.Fatal("the process of the longer path was killed")
+	case <-time.After(200 * time.Millisecond):
+	}
+	began = time.Now()
+	awaitExit(mp, 10*time.Second)
+	if d := time.Since(began); d > 2*time.Second {
+		t.Fatalf("waited %v with no process mounted at the point", d)
+	}
 }
