@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export PATH="/usr/local/go/bin:$HOME/go/bin:$PATH"
-packages=(fuse3 openssh-server openssh-client gcc make)
+# procps: pgrep and pkill, which the bench (and its tests) use to wait for a file
+# system's process after an unmount.
+packages=(fuse3 openssh-server openssh-client gcc make procps)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
