@@ -400,6 +400,7 @@ func startNative(ctx context.Context, ep *Endpoint, p *nativePlan, log *slog.Log
 		},
 		ClientVersion: "SSH-2.0-muxfs",
 	}
+	conn = newBatchConn(conn)
 	deadline, _ := dctx.Deadline()
 	conn.SetDeadline(deadline) //nolint:errcheck // a TCP conn takes deadlines
 	cc, chans, reqs, err := ssh.NewClientConn(conn, p.addr, cfg)
