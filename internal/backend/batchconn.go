@@ -128,6 +128,8 @@ func (b *batchConn) Close() error {
 		b.err = net.ErrClosed
 	}
 	b.work.Signal()
+	// A writer may wait for room behind a queue the flusher has not taken yet; the
+	// flusher, seeing closed, returns without writing, so nobody else would wake it.
 	b.room.Broadcast()
 	b.mu.Unlock()
 	return b.Conn.Close()
