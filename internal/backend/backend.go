@@ -99,8 +99,8 @@ type Backend interface {
 	Link(ctx context.Context, from, to string) error
 	// SetAttr never follows a final symlink where the server allows that; otherwise
 	// changing a symlink's own times or owner fails with EOPNOTSUPP rather than
-	// silently changing its target.
-	SetAttr(ctx context.Context, path string, s SetAttr) error
+	// silently changing its target. It returns path's attributes after the change.
+	SetAttr(ctx context.Context, path string, s SetAttr) (Attr, error)
 	// Open opens with open(2) flags (O_RDONLY, O_CREAT, O_EXCL, ...); mode applies
 	// when the file is created.
 	Open(ctx context.Context, path string, flags int, mode uint32) (File, error)

@@ -122,7 +122,14 @@ func (l *Local) Link(_ context.Context, from, to string) error {
 	return l.wrap("link", to, unix.Link(l.abs(from), l.abs(to)))
 }
 
-func (l *Local) SetAttr(_ context.Context, p string, s SetAttr) error {
+func (l *Local) SetAttr(ctx context.Context, p string, s SetAttr) (Attr, error) {
+	if err := l.setAttr(p, s); err != nil {
+		return Attr{}, err
+	}
+	return l.Lstat(ctx, p)
+}
+
+func (l *Local) setAttr(p string, s SetAttr) error {
 	name := l.abs(p)
 	if s.Valid&SetMode != 0 {
 		// fchmodat cannot change a symlink's mode on Linux; symlink modes are
@@ -231,7 +238,7 @@ func (f *localFile) SetAttr(ctx context.Context, s SetAttr) error {
 	if s.Valid == SetSize {
 		return f.l.wrap("ftruncate", f.path, f.f.Truncate(s.Size))
 	}
-	return f.l.SetAttr(ctx, f.path, s)
+	return f.l.setAttr(f.path, s)
 }
 
 func (f *localFile) Sync(_ context.Context) error {

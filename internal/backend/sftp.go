@@ -27,6 +27,8 @@ type SFTP struct {
 	// ext is what the server offers beyond SFTP v3; learnt from the first session
 	// (see exts).
 	ext atomic.Pointer[extensions]
+	// noLchmod: lsetstat cannot change this server's modes (see SetAttr).
+	noLchmod atomic.Bool
 
 	writer   atomic.Int32  // index of the member that takes changes
 	rr       atomic.Uint32 // rotates the first choice among equally busy members
@@ -729,28 +731,56 @@ func setattrErrno(err error) error {
 	return err
 }
 
-func (s *SFTP) SetAttr(ctx context.Context, p string, set SetAttr) error {
+// SetAttr changes path's attributes and returns them as the change left them (an
+// LSTAT pipelined behind the change: one round trip). Where the server has
+// lsetstat@openssh.com the change is made with it, which never follows a symlink,
+// without looking at the path first. Should that fail — a mode asked of a symlink,
+// which Linux cannot change, or a server whose C library cannot change a mode without
+// following (glibc before 2.32) — the path is looked at (lstat) and the change made as
+// it calls for, as it is where the server lacks the extension.
+func (s *SFTP) SetAttr(ctx context.Context, p string, set SetAttr) (Attr, error) {
+	var at sftp.Attrs
 	err := s.do(ctx, true, func(ctx context.Context, m *member, c *sftp.Client, _ bool) error {
-		a, err := c.Lstat(ctx, m.abs(p))
+		name := m.abs(p)
+		lset := s.exts().lsetstat
+		tried := lset && (set.Valid&SetMode == 0 || !s.noLchmod.Load())
+		if tried {
+			var err error
+			if at, err = c.SetstatAndLstat(ctx, name, toSFTPAttrs(set), true); err == nil || connLost(err) {
+				return err
+			}
+		}
+		cur, err := c.Lstat(ctx, name)
 		if err != nil {
 			return err
 		}
-		if a.Mode&syscall.S_IFMT != syscall.S_IFLNK {
-			return c.Setstat(ctx, m.abs(p), toSFTPAttrs(set))
+		if cur.Mode&syscall.S_IFMT != syscall.S_IFLNK {
+			at, err = c.SetstatAndLstat(ctx, name, toSFTPAttrs(set), false)
+			if err == nil && tried && set.Valid&SetMode != 0 {
+				// lsetstat failed where setstat succeeded: the server cannot change a
+				// mode without following symlinks. Modes go the long way from now on.
+				s.noLchmod.Store(true)
+			}
+			return err
 		}
 		// A symlink's mode cannot change on Linux; its times and owner can only
 		// through lsetstat, and setstat would change the target instead.
 		set := set
 		set.Valid &^= SetMode
 		if set.Valid == 0 {
+			at = cur
 			return nil
 		}
-		if !s.exts().lsetstat {
+		if !lset {
 			return fmt.Errorf("server lacks lsetstat@openssh.com, needed to change a symlink itself: %w", syscall.EOPNOTSUPP)
 		}
-		return c.Lsetstat(ctx, m.abs(p), toSFTPAttrs(set))
+		at, err = c.SetstatAndLstat(ctx, name, toSFTPAttrs(set), true)
+		return err
 	})
-	return setattrErrno(s.fail(ctx, "setattr", p, err, nil))
+	if err != nil {
+		return Attr{}, setattrErrno(s.fail(ctx, "setattr", p, err, nil))
+	}
+	return attrFromSFTP(at), nil
 }
 
 func openFlags(flags int) uint32 {

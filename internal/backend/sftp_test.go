@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/muxfs/muxfs/internal/sftp"
 )
 
 // newTestSFTP serves a temporary directory with OpenSSH's sftp-server started through
@@ -135,7 +137,7 @@ func TestSFTPBackendBasics(t *testing.T) {
 	}
 	os.Symlink("new", dir+"/sl") //nolint:errcheck
 	when := time.Unix(1_200_000_000, 0)
-	if err := s.SetAttr(ctx, "sl", SetAttr{Valid: SetTimes, Atime: when, Mtime: when}); err != nil {
+	if _, err := s.SetAttr(ctx, "sl", SetAttr{Valid: SetTimes, Atime: when, Mtime: when}); err != nil {
 		t.Fatal(err)
 	}
 	if fi, _ := os.Lstat(dir + "/sl"); !fi.ModTime().Equal(when) {
@@ -190,7 +192,11 @@ func TestFallbacksWithoutExtensions(t *testing.T) {
 	wantErrno(t, "link without hardlink@openssh.com", s.Link(ctx, "b", "c"), syscall.EPERM)
 	os.Symlink("b", dir+"/sl") //nolint:errcheck
 	now := time.Now()
-	wantErrno(t, "utimens on a symlink without lsetstat", s.SetAttr(ctx, "sl", SetAttr{Valid: SetTimes, Atime: now, Mtime: now}), syscall.EOPNOTSUPP)
+	_, err := s.SetAttr(ctx, "sl", SetAttr{Valid: SetTimes, Atime: now, Mtime: now})
+	wantErrno(t, "utimens on a symlink without lsetstat", err, syscall.EOPNOTSUPP)
+	if a, err := s.SetAttr(ctx, "b", SetAttr{Valid: SetMode, Mode: 0o604}); err != nil || a.Mode&0o7777 != 0o604 {
+		t.Errorf("chmod without lsetstat: %+v %v", a, err)
+	}
 	if st, err := s.Statfs(ctx, ""); err != nil || st.Bavail == 0 {
 		t.Errorf("statfs without statvfs@openssh.com: %+v %v", st, err)
 	}
@@ -215,6 +221,11 @@ func TestQueuedSetAttr(t *testing.T) {
 	if _, err := f.WriteAt(ctx, []byte("hello"), 0); err != nil {
 		t.Fatal(err)
 	}
+	if err := f.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	requests := func() int64 { return sf.handle().c.Stats().Requests }
+	before := requests()
 	mtime := time.Unix(1e9, 0)
 	own := f.OpenedAttr()
 	for _, set := range []SetAttr{
@@ -228,6 +239,12 @@ func TestQueuedSetAttr(t *testing.T) {
 		if err := f.SetAttr(ctx, set); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := f.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := requests() - before; n != 1 {
+		t.Errorf("times, owner and mode set one after another went out as %d requests, not one", n)
 	}
 	if sf.cannotRefuse(SetAttr{Valid: SetOwner, UID: own.UID + 1, GID: own.GID}) {
 		t.Error("a change of owner is not waited for")
@@ -258,6 +275,117 @@ func TestQueuedSetAttr(t *testing.T) {
 	if st, _ := os.Stat(dir + "/new"); st.Size() != 2 {
 		t.Errorf("a waited-for truncate returned before it was done: size %d", st.Size())
 	}
+}
+
+// TestHeldSetAttrOrder: a change held for those that may follow it still reaches the
+// server before a later write (whose mtime must win over a held change of times), is
+// never taken for a write to merge with, and goes out by itself within holdFor.
+func TestHeldSetAttrOrder(t *testing.T) {
+	s, dir := newTestSFTP(t)
+	ctx := context.Background()
+	f, err := s.Open(ctx, "f", os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := time.Unix(1e9, 0)
+	if err := f.SetAttr(ctx, SetAttr{Valid: SetTimes, Atime: old, Mtime: old}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(ctx, []byte("data"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.SetAttr(ctx, SetAttr{Valid: SetMode, Mode: 0o604}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		st, err := os.Stat(dir + "/f")
+		if err == nil && st.Mode().Perm() == 0o604 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a held change never reached the server by itself: %v %v", st.Mode(), err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := f.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(dir + "/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(dir + "/f"); string(b) != "data" {
+		t.Errorf("content %q: the write after a held change was lost or misplaced", b)
+	}
+	if st.ModTime().Equal(old) {
+		t.Error("a held change of times went out after the write that followed it")
+	}
+}
+
+// TestMergeable: changes merge unless the union could set the set-user-ID or
+// set-group-ID bit and change the owner, whose order the server chooses.
+func TestMergeable(t *testing.T) {
+	times := sftp.Attrs{Flags: sftp.AttrACModTime, Atime: 1, Mtime: 2}
+	owner := sftp.Attrs{Flags: sftp.AttrUIDGID, UID: 5, GID: 6}
+	mode := sftp.Attrs{Flags: sftp.AttrPermissions, Mode: 0o644}
+	suid := sftp.Attrs{Flags: sftp.AttrPermissions, Mode: 0o4755}
+	sgid := sftp.Attrs{Flags: sftp.AttrPermissions, Mode: 0o2755}
+	for _, c := range []struct {
+		a, b sftp.Attrs
+		want bool
+	}{
+		{times, owner, true}, {owner, mode, true}, {mode, owner, true}, {times, suid, true},
+		{owner, suid, false}, {suid, owner, false}, {owner, sgid, false},
+		{suid, mode, true}, // the mode set last has no such bit
+	} {
+		if got := mergeable(c.a, c.b); got != c.want {
+			t.Errorf("mergeable(%+v, %+v) = %v", c.a, c.b, got)
+		}
+	}
+	u := times
+	mergeAttrs(&u, owner)
+	mergeAttrs(&u, mode)
+	if u.Flags != sftp.AttrACModTime|sftp.AttrUIDGID|sftp.AttrPermissions || u.Mtime != 2 || u.UID != 5 || u.Mode != 0o644 {
+		t.Errorf("merged: %+v", u)
+	}
+}
+
+// TestPathSetAttr: a change by path returns the attributes it left, changes a symlink
+// itself (its mode, which Linux cannot change, is left), and fails clearly on a
+// missing name.
+func TestPathSetAttr(t *testing.T) {
+	s, dir := newTestSFTP(t)
+	ctx := context.Background()
+	os.WriteFile(dir+"/f", []byte("x"), 0o600) //nolint:errcheck
+	os.Symlink("f", dir+"/sl")                 //nolint:errcheck
+	when := time.Unix(1_300_000_000, 0)
+	a, err := s.SetAttr(ctx, "f", SetAttr{Valid: SetMode | SetTimes, Mode: 0o640, Atime: when, Mtime: when})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Mode&0o7777 != 0o640 || !a.Mtime.Equal(when) || a.Size != 1 {
+		t.Errorf("returned attributes %+v", a)
+	}
+	if st, _ := os.Stat(dir + "/f"); st.Mode().Perm() != 0o640 {
+		t.Errorf("mode on the server %v", st.Mode())
+	}
+	if s.noLchmod.Load() {
+		t.Error("lsetstat taken for unable to change modes on a server that can")
+	}
+	later := when.Add(time.Hour)
+	a, err = s.SetAttr(ctx, "sl", SetAttr{Valid: SetMode | SetTimes, Mode: 0o600, Atime: later, Mtime: later})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Mode&syscall.S_IFMT != syscall.S_IFLNK || !a.Mtime.Equal(later) {
+		t.Errorf("returned attributes of the symlink %+v", a)
+	}
+	if st, _ := os.Stat(dir + "/f"); st.Mode().Perm() != 0o640 || !st.ModTime().Equal(when) {
+		t.Errorf("a change of a symlink reached its target: %v %v", st.Mode(), st.ModTime())
+	}
+	_, err = s.SetAttr(ctx, "missing", SetAttr{Valid: SetMode, Mode: 0o600})
+	wantErrno(t, "chmod of a missing name", err, syscall.ENOENT)
 }
 
 // TestSmallWritesCoalesced: small sequential writes behind others go out together

@@ -432,7 +432,7 @@ func (f *sftpFile) Stat(ctx context.Context) (Attr, error) {
 // for the change is one round trip. A change the server cannot refuse (cannotRefuse)
 // goes out behind the caller like a write, and its only possible failure, the
 // link's, is reported by the next write, flush, fsync or close: what an untar does
-// to every file costs no wait.
+// to every file costs no wait, and its changes leave as one request (holdSetLocked).
 func (f *sftpFile) SetAttr(ctx context.Context, set SetAttr) error {
 	ctx, cancel := f.s.deadline(ctx)
 	defer cancel()
@@ -446,7 +446,13 @@ func (f *sftpFile) SetAttr(ctx context.Context, set SetAttr) error {
 		return f.s.fail(ctx, "write", f.path, f.flushLocked(ctx), nil)
 	}
 	a := toSFTPAttrs(set)
-	if err := f.queueLocked(ctx, pendingWrite{set: &a}); err != nil {
+	var err error
+	if f.cannotRefuse(set) {
+		err = f.holdSetLocked(ctx, a)
+	} else {
+		err = f.queueLocked(ctx, pendingWrite{set: &a})
+	}
+	if err != nil {
 		f.flushLocked(ctx) //nolint:errcheck // err is the one to report
 		return setattrErrno(f.s.fail(ctx, "fsetstat", f.path, err, nil))
 	}

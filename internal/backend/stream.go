@@ -5,6 +5,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/muxfs/muxfs/internal/sftp"
@@ -201,7 +202,7 @@ func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64) error
 	limit := f.handle().c.MaxWrite
 	if wb.held.Load() {
 		last := &wb.pending[len(wb.pending)-1]
-		if last.off+int64(len(last.data)) == off && len(last.data)+len(data) <= limit {
+		if last.set == nil && last.off+int64(len(last.data)) == off && len(last.data)+len(data) <= limit {
 			last.data = append(last.data, data...)
 			wb.bytes += len(data)
 			if len(last.data) == limit {
@@ -216,6 +217,12 @@ func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64) error
 		// Large, or nothing ahead of it to wait behind: at once.
 		return f.queueLocked(ctx, pw)
 	}
+	return f.holdLocked(ctx, pw)
+}
+
+// holdLocked queues pw unsent, as the held request (see writeBehind.held).
+func (f *sftpFile) holdLocked(ctx context.Context, pw pendingWrite) error {
+	wb := &f.wb
 	wb.pending = append(wb.pending, pw)
 	wb.bytes += len(pw.data)
 	wb.held.Store(true)
@@ -225,6 +232,55 @@ func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64) error
 		wb.timer.Reset(holdFor)
 	}
 	return f.windowLocked(ctx)
+}
+
+// holdSetLocked queues a change of attributes that the server cannot refuse (nothing
+// waits for it) held like a small write, and merges it into a change held before it:
+// the times, owner and mode that tar, cp -p and rsync set on every file they write
+// leave as one FSETSTAT, where each was a request of its own for ssh, sshd and the
+// server's sftp-server. Held data goes out before anything that must follow it (a
+// write, whose mtime a held change of times must not precede), so merging never
+// moves a change past another request.
+func (f *sftpFile) holdSetLocked(ctx context.Context, a sftp.Attrs) error {
+	wb := &f.wb
+	if wb.held.Load() {
+		last := &wb.pending[len(wb.pending)-1]
+		if last.set != nil && mergeable(*last.set, a) {
+			mergeAttrs(last.set, a)
+			return f.windowLocked(ctx)
+		}
+		f.sendHeldLocked()
+	}
+	return f.holdLocked(ctx, pendingWrite{set: &a})
+}
+
+// mergeable tells whether applying a then b equals applying their union at once. A
+// server applies one request's attributes in an order of its own (OpenSSH: mode,
+// times, then owner), and a change of owner clears the set-user-ID and set-group-ID
+// bits of a file: a union holding both an owner and a mode with those bits could end
+// with or without them depending on that order, so such changes stay apart.
+func mergeable(a, b sftp.Attrs) bool {
+	u := a
+	mergeAttrs(&u, b)
+	return u.Flags&sftp.AttrUIDGID == 0 || u.Flags&sftp.AttrPermissions == 0 ||
+		u.Mode&(syscall.S_ISUID|syscall.S_ISGID) == 0
+}
+
+// mergeAttrs folds b into a: what b sets replaces what a set.
+func mergeAttrs(a *sftp.Attrs, b sftp.Attrs) {
+	if b.Flags&sftp.AttrPermissions != 0 {
+		a.Mode = b.Mode
+	}
+	if b.Flags&sftp.AttrUIDGID != 0 {
+		a.UID, a.GID = b.UID, b.GID
+	}
+	if b.Flags&sftp.AttrACModTime != 0 {
+		a.Atime, a.Mtime = b.Atime, b.Mtime
+	}
+	if b.Flags&sftp.AttrSize != 0 {
+		a.Size = b.Size
+	}
+	a.Flags |= b.Flags
 }
 
 // sendHeld sends the held write, if there still is one, when its time is up.

@@ -809,9 +809,15 @@ func (s *Source) Link(ctx context.Context, from, to string) error {
 	return s.Backend.Link(ctx, from, to)
 }
 
-func (s *Source) SetAttr(ctx context.Context, p string, set backend.SetAttr) error {
-	defer s.changed(p)
-	return s.Backend.SetAttr(ctx, p, set)
+func (s *Source) SetAttr(ctx context.Context, p string, set backend.SetAttr) (backend.Attr, error) {
+	a, err := s.Backend.SetAttr(ctx, p, set)
+	s.changed(p)
+	if err == nil {
+		// The attributes the change left, just taken: the stat that answers the
+		// kernel's SETATTR (and tar's after it) needs no request.
+		s.meta.putAttr(s.id, p, a, false, time.Now(), s.meta.stamp(s.id, p))
+	}
+	return a, err
 }
 
 func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (backend.File, error) {

@@ -109,6 +109,29 @@ func TestChangesInvalidate(t *testing.T) {
 	}
 }
 
+// TestSetAttrCachesResult: a change by path keeps the attributes it left, so the
+// stat that follows it (the kernel's answer to the change, tar's) asks nothing.
+func TestSetAttrCachesResult(t *testing.T) {
+	s, c, dir := newSource(t, time.Minute, nil)
+	ctx := context.Background()
+	os.Mkdir(dir+"/d", 0o755) //nolint:errcheck
+	if _, err := s.Lstat(ctx, "d"); err != nil {
+		t.Fatal(err)
+	}
+	before := c.lstats.Load()
+	when := time.Unix(1e9, 0)
+	if _, err := s.SetAttr(ctx, "d", backend.SetAttr{Valid: backend.SetMode | backend.SetTimes, Mode: 0o700, Atime: when, Mtime: when}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.Lstat(ctx, "d")
+	if err != nil || a.Mode&0o7777 != 0o700 || !a.Mtime.Equal(when) {
+		t.Fatalf("stat after the change: %+v %v", a, err)
+	}
+	if n := c.lstats.Load() - before; n != 0 {
+		t.Errorf("the stat after a change asked the source %d times", n)
+	}
+}
+
 func TestExpiry(t *testing.T) {
 	s, c, dir := newSource(t, 50*time.Millisecond, nil)
 	ctx := context.Background()

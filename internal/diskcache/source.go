@@ -125,15 +125,23 @@ func (s *Source) Rename(ctx context.Context, from, to string) error {
 	return s.st.dropDuring(func() error { return s.Backend.Rename(ctx, from, to) }, true, from, to)
 }
 
-func (s *Source) SetAttr(ctx context.Context, p string, set backend.SetAttr) error {
+func (s *Source) SetAttr(ctx context.Context, p string, set backend.SetAttr) (backend.Attr, error) {
 	if err := s.readOnlyNow("setattr", p); err != nil {
+		return backend.Attr{}, err
+	}
+	var a backend.Attr
+	op := func() error {
+		var err error
+		a, err = s.Backend.SetAttr(ctx, p, set)
 		return err
 	}
-	op := func() error { return s.Backend.SetAttr(ctx, p, set) }
+	var err error
 	if set.Valid&backend.SetSize != 0 {
-		return s.st.dropDuring(op, false, p)
+		err = s.st.dropDuring(op, false, p)
+	} else {
+		err = op()
 	}
-	return op()
+	return a, err
 }
 
 func writing(flags int) bool {

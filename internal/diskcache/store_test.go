@@ -472,7 +472,7 @@ func TestCachedFileReadsServerAfterDrop(t *testing.T) {
 			want = "version two, longer"
 			readAll(t, s, "a") // another open sees the change and drops the data
 		} else {
-			if err := s.SetAttr(ctx, "a", backend.SetAttr{Valid: backend.SetSize, Size: 7}); err != nil {
+			if _, err := s.SetAttr(ctx, "a", backend.SetAttr{Valid: backend.SetSize, Size: 7}); err != nil {
 				t.Fatal(err)
 			}
 			want = "version"

@@ -303,7 +303,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 			return errno
 		}
 		for _, i := range targets {
-			if err = l.Branches[i].Backend.SetAttr(ctx, rel, set); err != nil {
+			if _, err = l.Branches[i].Backend.SetAttr(ctx, rel, set); err != nil {
 				break
 			}
 		}

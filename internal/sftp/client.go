@@ -726,6 +726,25 @@ func (c *Client) Lsetstat(ctx context.Context, path string, a Attrs) error {
 	return c.simple(ctx, "lsetstat", b, id, path)
 }
 
+// SetstatAndLstat changes attributes of path like Setstat (lsetstat: like Lsetstat)
+// and, pipelined behind the change, lstats it: the change and the attributes it left,
+// in one round trip. The attributes are returned only when the change succeeded.
+func (c *Client) SetstatAndLstat(ctx context.Context, path string, a Attrs, lsetstat bool) (Attrs, error) {
+	op := "setstat"
+	var b *buffer
+	var id uint32
+	if lsetstat {
+		op = "lsetstat"
+		b, id = c.newRequest(fxpExtended)
+		b.str("lsetstat@openssh.com")
+		b.str(path)
+	} else {
+		b, id = c.pathRequest(fxpSetstat, path)
+	}
+	b.attrs(&a)
+	return c.changeThenLstat(ctx, op, b, id, path)
+}
+
 // Fsetstat changes attributes of an open handle.
 func (c *Client) Fsetstat(ctx context.Context, handle string, a Attrs) error {
 	b, id := c.pathRequest(fxpFsetstat, handle)
@@ -983,13 +1002,19 @@ func (c *Client) Remove(ctx context.Context, path string) error {
 func (c *Client) MkdirAndLstat(ctx context.Context, path string, a Attrs) (Attrs, error) {
 	b, id := c.pathRequest(fxpMkdir, path)
 	b.attrs(&a)
-	mkdirCall, lstatCall, err := c.startThenLstat(b, id, path)
+	return c.changeThenLstat(ctx, "mkdir", b, id, path)
+}
+
+// changeThenLstat sends request b, which answers with a status, and an LSTAT of path
+// behind it; path's attributes are returned if the request succeeded.
+func (c *Client) changeThenLstat(ctx context.Context, op string, b *buffer, id uint32, path string) (Attrs, error) {
+	call, lstatCall, err := c.startThenLstat(b, id, path)
 	if err != nil {
 		return Attrs{}, err
 	}
-	r, err := mkdirCall.wait(ctx)
+	r, err := call.wait(ctx)
 	if err == nil {
-		err = status(r, "mkdir", path)
+		err = status(r, op, path)
 	}
 	lr, lerr := lstatCall.wait(ctx)
 	la, lerr := parseAttrs(lr, lerr, "lstat", path)
