@@ -332,9 +332,9 @@ func parent(p string) string {
 	return dir
 }
 
-// Created records an entry just made (or opened for writing) through muxfs, with
-// attributes a: p's own entries go, and a fresh listing of its parent is kept with p
-// in it, so that the next names looked up in a directory being filled (an untar, a
+// Created records an entry just made (or opened for writing, or changed) through
+// muxfs, with attributes a: p's own entries go, and a fresh listing of its parent is
+// kept with p in it, so that the next names looked up in a directory being filled (an untar, a
 // build's outputs) are answered without a request.
 func (m *Meta) Created(source int, p string, a backend.Attr) {
 	m.mu.Lock()
@@ -772,15 +772,18 @@ func (s *Source) changedTree(p string) {
 
 func (s *Source) Mkdir(ctx context.Context, p string, mode uint32) (backend.Attr, error) {
 	a, err := s.Backend.Mkdir(ctx, p, mode)
-	s.changed(p)
-	if err == nil {
-		// The server's attributes of the new directory, just taken: later lookups
-		// need no request.
-		now := time.Now()
-		s.meta.MadeDir(s.id, p, now)
-		s.meta.putAttr(s.id, p, a, false, now, s.meta.stamp(s.id, p))
+	if err != nil {
+		s.changed(p)
+		return a, err
 	}
-	return a, err
+	// The server's attributes of the new directory, just taken: later lookups need no
+	// request, in it (it is empty) nor beside it (its parent's listing stays, with it).
+	now := time.Now()
+	s.meta.Created(s.id, p, a)
+	s.meta.MadeDir(s.id, p, now)
+	s.meta.putAttr(s.id, p, a, false, now, s.meta.stamp(s.id, p))
+	s.forgetStored(p)
+	return a, nil
 }
 
 func (s *Source) Rmdir(ctx context.Context, p string) error {
@@ -811,13 +814,18 @@ func (s *Source) Link(ctx context.Context, from, to string) error {
 
 func (s *Source) SetAttr(ctx context.Context, p string, set backend.SetAttr) (backend.Attr, error) {
 	a, err := s.Backend.SetAttr(ctx, p, set)
-	s.changed(p)
-	if err == nil {
-		// The attributes the change left, just taken: the stat that answers the
-		// kernel's SETATTR (and tar's after it) needs no request.
-		s.meta.putAttr(s.id, p, a, false, time.Now(), s.meta.stamp(s.id, p))
+	if err != nil {
+		s.changed(p) // it may have been made in part
+		return a, err
 	}
-	return a, err
+	// The attributes the change left, just taken, replace p's in its directory's
+	// listing, which stays: the next name looked up there (an untar's next directory,
+	// after it set the times of the one it finished) needs no request, nor does the
+	// stat that answers the kernel's SETATTR.
+	s.meta.Created(s.id, p, a)
+	s.meta.putAttr(s.id, p, a, false, time.Now(), s.meta.stamp(s.id, p))
+	s.forgetStored(p)
+	return a, nil
 }
 
 func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (backend.File, error) {

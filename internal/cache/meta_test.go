@@ -110,15 +110,17 @@ func TestChangesInvalidate(t *testing.T) {
 }
 
 // TestSetAttrCachesResult: a change by path keeps the attributes it left, so the
-// stat that follows it (the kernel's answer to the change, tar's) asks nothing.
+// stat that follows it (the kernel's answer to the change, tar's) asks nothing; it and
+// a mkdir keep their directory's listing, so an untar's next lookups there ask
+// nothing either.
 func TestSetAttrCachesResult(t *testing.T) {
 	s, c, dir := newSource(t, time.Minute, nil)
 	ctx := context.Background()
 	os.Mkdir(dir+"/d", 0o755) //nolint:errcheck
-	if _, err := s.Lstat(ctx, "d"); err != nil {
+	if _, err := s.ReadDir(ctx, ""); err != nil {
 		t.Fatal(err)
 	}
-	before := c.lstats.Load()
+	before := c.lstats.Load() + c.readdirs.Load()
 	when := time.Unix(1e9, 0)
 	if _, err := s.SetAttr(ctx, "d", backend.SetAttr{Valid: backend.SetMode | backend.SetTimes, Mode: 0o700, Atime: when, Mtime: when}); err != nil {
 		t.Fatal(err)
@@ -127,8 +129,29 @@ func TestSetAttrCachesResult(t *testing.T) {
 	if err != nil || a.Mode&0o7777 != 0o700 || !a.Mtime.Equal(when) {
 		t.Fatalf("stat after the change: %+v %v", a, err)
 	}
-	if n := c.lstats.Load() - before; n != 0 {
-		t.Errorf("the stat after a change asked the source %d times", n)
+	// The directory's listing still answers for the names not there, and a directory
+	// made beside keeps it too, with the new one in it.
+	if _, err := s.Lstat(ctx, "next"); err != syscall.ENOENT {
+		t.Errorf("a missing name after a change beside it: %v", err)
+	}
+	if _, err := s.Mkdir(ctx, "d2", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Lstat(ctx, "next"); err != syscall.ENOENT {
+		t.Errorf("a missing name after a mkdir beside it: %v", err)
+	}
+	if ents, err := s.ReadDir(ctx, ""); err != nil || len(ents) != 2 {
+		t.Errorf("listing after a mkdir: %v %v", ents, err)
+	}
+	if _, err := s.Lstat(ctx, "d2/x"); err != syscall.ENOENT {
+		t.Errorf("a name in a directory just made: %v", err)
+	}
+	if n := c.lstats.Load() + c.readdirs.Load() - before; n != 0 {
+		t.Errorf("the stats after a change asked the source %d times", n)
+	}
+	// A change that fails may have been made in part: nothing of p is kept.
+	if _, err := s.SetAttr(ctx, "gone", backend.SetAttr{Valid: backend.SetMode, Mode: 0o700}); err == nil {
+		t.Fatal("a change of a missing name succeeded")
 	}
 }
 
