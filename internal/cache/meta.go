@@ -334,8 +334,8 @@ func parent(p string) string {
 
 // Created records an entry just made (or opened for writing, or changed) through
 // muxfs, with attributes a: p's own entries go, and a fresh listing of its parent is
-// kept with p in it, so that the next names looked up in a directory being filled (an untar, a
-// build's outputs) are answered without a request.
+// kept with p in it, so that the next names looked up in a directory being filled
+// (an untar, a build's outputs) are answered without a request.
 func (m *Meta) Created(source int, p string, a backend.Attr) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -709,26 +709,10 @@ func (p *PendingAttrs) Wait(ctx context.Context) (Attrs, error) {
 	return parseAttrs(r, err, "fstat", "")
 }
 
-// Setstat changes attributes of path, following symlinks.
-func (c *Client) Setstat(ctx context.Context, path string, a Attrs) error {
-	b, id := c.pathRequest(fxpSetstat, path)
-	b.attrs(&a)
-	return c.simple(ctx, "setstat", b, id, path)
-}
-
-// Lsetstat changes attributes of path itself, not of a symlink's target. It needs the
-// lsetstat@openssh.com extension (OpenSSH 8.0 and later).
-func (c *Client) Lsetstat(ctx context.Context, path string, a Attrs) error {
-	b, id := c.newRequest(fxpExtended)
-	b.str("lsetstat@openssh.com")
-	b.str(path)
-	b.attrs(&a)
-	return c.simple(ctx, "lsetstat", b, id, path)
-}
-
-// SetstatAndLstat changes attributes of path like Setstat (lsetstat: like Lsetstat)
-// and, pipelined behind the change, lstats it: the change and the attributes it left,
-// in one round trip. The attributes are returned only when the change succeeded.
+// SetstatAndLstat changes attributes of path — following a symlink (SETSTAT) or, with
+// lsetstat, not (lsetstat@openssh.com, OpenSSH 8.0 and later) — and, pipelined behind
+// the change, lstats it: the change and the attributes it left, in one round trip.
+// The attributes are returned only when the change succeeded.
 func (c *Client) SetstatAndLstat(ctx context.Context, path string, a Attrs, lsetstat bool) (Attrs, error) {
 	op := "setstat"
 	var b *buffer

@@ -162,11 +162,20 @@ func TestNamespaceOps(t *testing.T) {
 		t.Error("posix-rename did not replace")
 	}
 	old := time.Unix(1_000_000_000, 0)
-	if err := c.Lsetstat(ctx, dir+"/d/link", Attrs{Flags: AttrACModTime, Atime: uint32(old.Unix()), Mtime: uint32(old.Unix())}); err != nil {
+	la, err := c.SetstatAndLstat(ctx, dir+"/d/link", Attrs{Flags: AttrACModTime, Atime: uint32(old.Unix()), Mtime: uint32(old.Unix())}, true)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if fi, _ := os.Lstat(dir + "/d/link"); !fi.ModTime().Equal(old) {
-		t.Errorf("lsetstat changed %v, not the link", fi.ModTime())
+	if fi, _ := os.Lstat(dir + "/d/link"); !fi.ModTime().Equal(old) || la.Mtime != uint32(old.Unix()) {
+		t.Errorf("lsetstat changed %v, not the link (answered %d)", fi.ModTime(), la.Mtime)
+	}
+	if la, err := c.SetstatAndLstat(ctx, dir+"/d/b", Attrs{Flags: AttrPermissions, Mode: 0o604}, false); err != nil || la.Mode&0o777 != 0o604 {
+		t.Errorf("setstat: %v, answered mode %o", err, la.Mode)
+	}
+	// The link's target ("a") was renamed away: setstat follows the link and finds
+	// nothing there.
+	if _, err := c.SetstatAndLstat(ctx, dir+"/d/link", Attrs{Flags: AttrPermissions, Mode: 0o600}, false); !IsStatus(err, StatusNoSuchFile) {
+		t.Errorf("setstat through a dangling link: %v", err)
 	}
 	if err := c.Rmdir(ctx, dir+"/d"); !IsStatus(err, StatusFailure) {
 		t.Errorf("rmdir of non-empty dir: %v", err)
