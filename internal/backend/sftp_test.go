@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -30,12 +31,19 @@ const sftpServer = "/usr/lib/openssh/sftp-server"
 // (if given), connecting fails, as with a server that is down.
 func newTestPool(t *testing.T, downFlag string) *Pool {
 	t.Helper()
-	if _, err := os.Stat(sftpServer); err != nil {
-		t.Skip("OpenSSH sftp-server not installed")
-	}
 	script := "exec " + sftpServer
 	if downFlag != "" {
 		script = "test -e " + downFlag + " && exit 1; " + script
+	}
+	return newTestPoolScript(t, script)
+}
+
+// newTestPoolScript starts a pool whose sessions are the sh script given, which must
+// end up running sftp-server.
+func newTestPoolScript(t *testing.T, script string) *Pool {
+	t.Helper()
+	if _, err := os.Stat(sftpServer); err != nil {
+		t.Skip("OpenSSH sftp-server not installed")
 	}
 	ep := &Endpoint{Host: "test", SSHCommand: []string{"/bin/sh", "-c", script}, MaxConns: 2, Timeout: 2 * time.Second}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -386,6 +394,44 @@ func TestPathSetAttr(t *testing.T) {
 	}
 	_, err = s.SetAttr(ctx, "missing", SetAttr{Valid: SetMode, Mode: 0o600})
 	wantErrno(t, "chmod of a missing name", err, syscall.ENOENT)
+}
+
+// TestLchmodUnsupported: a server whose C library cannot change a mode without
+// following symlinks — here sftp-server without /proc, as in a chroot, where glibc's
+// fchmodat(AT_SYMLINK_NOFOLLOW) fails with EOPNOTSUPP — still has its modes changed,
+// the long way, and is remembered as such; other changes still go by lsetstat.
+func TestLchmodUnsupported(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("hiding /proc from sftp-server takes a mount namespace, so root")
+	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("unshare not installed")
+	}
+	dir := t.TempDir()
+	pool := newTestPoolScript(t, "exec unshare --mount sh -c 'mount -t tmpfs none /proc && exec "+sftpServer+"'")
+	s := newTestSource(t, 0, dir, pool)
+	ctx := context.Background()
+	os.WriteFile(dir+"/f", []byte("x"), 0o600) //nolint:errcheck
+	for _, mode := range []uint32{0o640, 0o604} {
+		a, err := s.SetAttr(ctx, "f", SetAttr{Valid: SetMode, Mode: mode})
+		if err != nil || a.Mode&0o7777 != mode {
+			t.Fatalf("chmod %o: %+v %v", mode, a, err)
+		}
+		if st, _ := os.Stat(dir + "/f"); st.Mode().Perm() != os.FileMode(mode) {
+			t.Errorf("mode on the server %v, want %o", st.Mode().Perm(), mode)
+		}
+		if !s.noLchmod.Load() {
+			t.Error("a server that cannot chmod through lsetstat is not remembered")
+		}
+	}
+	os.Symlink("f", dir+"/sl") //nolint:errcheck
+	when := time.Unix(1_400_000_000, 0)
+	if _, err := s.SetAttr(ctx, "sl", SetAttr{Valid: SetTimes, Atime: when, Mtime: when}); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Lstat(dir + "/sl"); !fi.ModTime().Equal(when) {
+		t.Error("times of a symlink no longer go by lsetstat")
+	}
 }
 
 // TestSmallWritesCoalesced: small sequential writes behind others go out together
