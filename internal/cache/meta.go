@@ -776,14 +776,20 @@ func (s *Source) Mkdir(ctx context.Context, p string, mode uint32) (backend.Attr
 		s.changed(p)
 		return a, err
 	}
-	// The server's attributes of the new directory, just taken: later lookups need no
-	// request, in it (it is empty) nor beside it (its parent's listing stays, with it).
-	now := time.Now()
-	s.meta.Created(s.id, p, a)
-	s.meta.MadeDir(s.id, p, now)
-	s.meta.putAttr(s.id, p, a, false, now, s.meta.stamp(s.id, p))
-	s.forgetStored(p)
+	// Later lookups need no request, beside it (changedTo) nor in it: it is empty.
+	s.changedTo(p, a)
+	s.meta.MadeDir(s.id, p, time.Now())
 	return a, nil
+}
+
+// changedTo records that p was made or changed through muxfs and has attributes a,
+// just taken from the server: they replace p's in its directory's listing, which
+// stays (the next name looked up there — an untar's next directory — needs no
+// request), and answer the next stat of p (the kernel's, after a SETATTR).
+func (s *Source) changedTo(p string, a backend.Attr) {
+	s.meta.Created(s.id, p, a)
+	s.meta.putAttr(s.id, p, a, false, time.Now(), s.meta.stamp(s.id, p))
+	s.forgetStored(p)
 }
 
 func (s *Source) Rmdir(ctx context.Context, p string) error {
@@ -818,13 +824,7 @@ func (s *Source) SetAttr(ctx context.Context, p string, set backend.SetAttr) (ba
 		s.changed(p) // it may have been made in part
 		return a, err
 	}
-	// The attributes the change left, just taken, replace p's in its directory's
-	// listing, which stays: the next name looked up there (an untar's next directory,
-	// after it set the times of the one it finished) needs no request, nor does the
-	// stat that answers the kernel's SETATTR.
-	s.meta.Created(s.id, p, a)
-	s.meta.putAttr(s.id, p, a, false, time.Now(), s.meta.stamp(s.id, p))
-	s.forgetStored(p)
+	s.changedTo(p, a)
 	return a, nil
 }
 
