@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/muxfs/muxfs/internal/backend"
 )
@@ -545,6 +548,128 @@ func TestCreatedKeepsListings(t *testing.T) {
 	}
 }
 
+// TestRemovalsKeepListings: an unlink, an rmdir and a rename through the cache keep
+// their directories' listings, changed as the server's are, so the directory's other
+// names (a build's after `make clean`, an rm -rf's) are still answered without a
+// request; the old name of a directory renamed answers nothing below it.
+func TestRemovalsKeepListings(t *testing.T) {
+	s, c, dir := newSource(t, time.Minute, nil)
+	ctx := context.Background()
+	for _, f := range []string{"a", "b", "sub/x"} {
+		os.MkdirAll(path.Dir(dir+"/"+f), 0o755)   //nolint:errcheck
+		os.WriteFile(dir+"/"+f, []byte(f), 0o644) //nolint:errcheck
+	}
+	os.Mkdir(dir+"/empty", 0o755) //nolint:errcheck
+	before, err := s.ReadDir(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := fmt.Sprint(before)
+	s.ReadDir(ctx, "sub") //nolint:errcheck
+	if err := s.Unlink(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Rmdir(ctx, "empty"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Rename(ctx, "b", "c"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Rename(ctx, "sub", "sub2"); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(before) != held {
+		t.Errorf("a listing handed out changed under its holder: %v, was %v", before, held)
+	}
+	for name, want := range map[string]syscall.Errno{"a": syscall.ENOENT, "empty": syscall.ENOENT, "b": syscall.ENOENT, "c": 0, "sub": syscall.ENOENT, "sub2": 0, "missing": syscall.ENOENT} {
+		a, err := s.Lstat(ctx, name)
+		if backend.ToErrno(err) != want {
+			t.Errorf("lstat %s: %v, want errno %d", name, err, want)
+		}
+		if name == "c" && a.Size != 1 {
+			t.Errorf("the new name of b has size %d, want b's 1", a.Size)
+		}
+	}
+	if n := c.lstats.Load(); n != 0 {
+		t.Errorf("%d LSTATs reached the source; the listing answers every name", n)
+	}
+	got, err := s.ReadDir(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range got {
+		names = append(names, e.Name)
+	}
+	slices.Sort(names)
+	if fmt.Sprint(names) != "[c sub2]" || c.readdirs.Load() != 2 {
+		t.Errorf("listing after the changes: %v after %d READDIRs; want [c sub2] from the cache (2)", names, c.readdirs.Load())
+	}
+	if _, err := s.Lstat(ctx, "sub2/x"); err != nil || c.lstats.Load() != 1 {
+		t.Errorf("below the renamed directory: %v after %d LSTATs; want the source's answer", err, c.lstats.Load())
+	}
+	// An unlinked name of a file with other names: they lost a link.
+	os.Link(dir+"/c", dir+"/c2") //nolint:errcheck
+	s.Refresh("")
+	s.ReadDir(ctx, "") //nolint:errcheck
+	if err := s.Unlink(ctx, "c"); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := s.Lstat(ctx, "c2"); err != nil || a.Nlink != 1 {
+		t.Errorf("the other name of a file unlinked: %+v, %v; want 1 link", a, err)
+	}
+}
+
+// TestListingChangesCopyOnce: changing a cached listing copies it only if it has been
+// handed out since it last changed, so filling a directory through muxfs costs time in
+// proportion to its size, not to its square. Each copy of this listing is about a
+// megabyte; copying it at each of 500 creates allocated half a gigabyte.
+func TestListingChangesCopyOnce(t *testing.T) {
+	m := NewMeta(time.Minute)
+	now := time.Now()
+	const n = 10_000
+	list := make([]backend.Entry, n)
+	for i := range list {
+		list[i] = backend.Entry{Name: fmt.Sprint(i), Attr: backend.Attr{Mode: 0o100644}}
+	}
+	m.putListing(0, "d", list, now, now, m.stamp(0, "d"))
+	m.Created(0, "d/0", backend.Attr{Mode: 0o100600})
+	if list[0].Attr.Mode != 0o100644 {
+		t.Fatal("the listing given to the cache changed under its holder")
+	}
+	held, _, _ := m.listing(0, "d", now)
+	m.Removed(0, "d/1", false)
+	if held[1].Name != "1" || len(held) != n {
+		t.Fatal("a listing handed out changed under its holder")
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	start := ms.TotalAlloc
+	for i := range 500 {
+		m.Created(0, fmt.Sprintf("d/new%d", i), backend.Attr{Mode: 0o100644})
+		m.Removed(0, fmt.Sprintf("d/%d", 2+i), false)
+	}
+	runtime.ReadMemStats(&ms)
+	size := uint64(n) * uint64(unsafe.Sizeof(backend.Entry{}))
+	if got := ms.TotalAlloc - start; got > 4*size {
+		t.Errorf("1,000 changes to a %d-entry listing allocated %d bytes; a copy is %d", n, got, size)
+	}
+	got, _, _ := m.listing(0, "d", now)
+	if len(got) != n-1 {
+		t.Errorf("listing has %d entries, want %d", len(got), n-1)
+	}
+	for _, name := range []string{"0", "new499", "502"} {
+		if _, found, ok := m.lookup(0, "d/"+name, now); !ok || !found {
+			t.Errorf("%s missing from the listing", name)
+		}
+	}
+	for _, name := range []string{"1", "501"} {
+		if _, found, ok := m.lookup(0, "d/"+name, now); !ok || found {
+			t.Errorf("%s removed but still listed", name)
+		}
+	}
+}
+
 // TestListingExpiryReported: a listing answered under backend.WithListingExpiry says
 // when the cache stops trusting it — fetched now: a TTL from now; answered from
 // memory later: still the fetch's expiry, not a fresh TTL.
@@ -651,6 +776,22 @@ func BenchmarkRmdirInBigCache(b *testing.B) {
 		p := fmt.Sprintf("gone/d%d", i)
 		m.MadeDir(0, p, now)
 		m.InvalidateTree(0, p)
+	}
+}
+
+// BenchmarkCreateInBigDir is a create recorded in the listing of a directory that
+// holds 100,000 names (a data set untarred through muxfs): it must not depend on them.
+func BenchmarkCreateInBigDir(b *testing.B) {
+	m := NewMeta(time.Hour)
+	now := time.Now()
+	m.MadeDir(0, "big", now)
+	for i := 0; i < 100_000; i++ {
+		m.Created(0, fmt.Sprintf("big/f%d", i), backend.Attr{Mode: 0o100644})
+	}
+	m.listing(0, "big", now) // handed out once: the next change copies it
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		m.Created(0, fmt.Sprintf("big/new%d", i), backend.Attr{Mode: 0o100644})
 	}
 }
 
