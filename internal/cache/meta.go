@@ -887,7 +887,8 @@ func (s *Source) Unlink(ctx context.Context, p string) error {
 // Rename keeps both directories' listings: the old name leaves one, and the new one
 // joins the other with the attributes the old name had (a rename changes neither
 // size nor mtime), when they are known; otherwise the new name's directory is asked
-// again. What was cached below either name goes.
+// again (as for Unlink, also when a file replaced there had other names). What was
+// cached below either name goes.
 func (s *Source) Rename(ctx context.Context, from, to string) error {
 	if err := s.Backend.Rename(ctx, from, to); err != nil {
 		s.changedTree(from)
@@ -895,8 +896,8 @@ func (s *Source) Rename(ctx context.Context, from, to string) error {
 		return err
 	}
 	a, known := s.meta.Removed(s.id, from, true)
-	s.meta.Removed(s.id, to, true)
-	if known {
+	// A file replaced at the new name that has other names: they lost a link.
+	if old, had := s.meta.Removed(s.id, to, true); known && !(had && old.Nlink > 1) {
 		s.meta.Created(s.id, to, a)
 	} else {
 		s.meta.Invalidate(s.id, to)

@@ -618,6 +618,17 @@ func TestRemovalsKeepListings(t *testing.T) {
 	if a, err := s.Lstat(ctx, "c2"); err != nil || a.Nlink != 1 {
 		t.Errorf("the other name of a file unlinked: %+v, %v; want 1 link", a, err)
 	}
+	// The same for a file replaced by a rename.
+	os.Link(dir+"/c2", dir+"/c3")              //nolint:errcheck
+	os.WriteFile(dir+"/n", []byte("n"), 0o644) //nolint:errcheck
+	s.Refresh("")
+	s.ReadDir(ctx, "") //nolint:errcheck
+	if err := s.Rename(ctx, "n", "c2"); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := s.Lstat(ctx, "c3"); err != nil || a.Nlink != 1 {
+		t.Errorf("the other name of a file replaced by a rename: %+v, %v; want 1 link", a, err)
+	}
 }
 
 // TestListingChangesCopyOnce: changing a cached listing copies it only if it has been
