@@ -34,8 +34,8 @@ import (
 // whenever anything needs the data file (drainLocked), and when the writes end (a
 // close's or an fsync's stat, the last release), so it never waits for a commit.
 //
-// Aligned writes (a sequential writer's, all of them but maybe the last) go in with
-// direct I/O, through a second descriptor of the data file: a buffered write copies into
+// Aligned writes of 64 KiB or more (a sequential writer's, all of them but maybe the
+// last; see directMin for the small ones) go in with direct I/O, through a second descriptor of the data file: a buffered write copies into
 // newly allocated page-cache pages, and that copy was 36% of muxfs' CPU samples in a
 // 1 GiB write on the bench's machine (a virtual machine whose fresh pages fault to
 // the host); the same write with direct I/O moved 224–239 MB/s against 176–196
@@ -113,7 +113,7 @@ func (e *entry) sendLocked() {
 		return
 	}
 	e.gather = nil
-	if aligned(*w.buf, w.n, w.off) {
+	if w.n >= directMin && aligned(*w.buf, w.n, w.off) {
 		w.direct = e.directLocked()
 	}
 	q := &e.writes
@@ -131,6 +131,16 @@ func (e *entry) sendLocked() {
 // cache instead of waiting for the disk (storeLocked). A fill that finds room may
 // still wait briefly, if other files' writes take it first.
 func (c *Cache) writerBehind() bool { return len(c.writes) == cap(c.writes) }
+
+// directMin is the smallest write that goes in with direct I/O. A direct write waits
+// for the disk, and the writer makes one at a time: a random writer's 4 KiB writes,
+// each a direct write of its own, filled the queue at the disk's pace, and the FUSE
+// WRITEs waited for it (fio's 4 KiB random writes, 20,000 of them: 2,400–3,700 IOPS
+// with direct I/O, 5,400–7,900 without; docs/design.md, "Write-behind"). Buffered, a
+// small write is a copy into a page or a few; what direct I/O spares, the copy into
+// freshly allocated pages, is paid per byte and matters for the megabytes a
+// sequential writer or a cold read moves.
+const directMin = 64 << 10
 
 // aligned reports whether a write of buf[:n] at off may use direct I/O.
 func aligned(buf []byte, n int, off int64) bool {

@@ -254,6 +254,50 @@ func TestSequentialWritesGatheredAndDirect(t *testing.T) {
 	queuedDirect(t, c, s, "w", writes.Load(), 4)
 }
 
+// Small writes at random go to the data file through the page cache, not with
+// direct I/O: the writer makes its writes one at a time, and a direct 4 KiB write
+// waits for the disk, so a random writer's FUSE WRITEs waited for the disk too.
+func TestSmallWritesBuffered(t *testing.T) {
+	c, s, _, _ := setup(t, t.TempDir(), Options{})
+	t.Cleanup(c.Close)
+	ctx := context.Background()
+	want := data(4<<20, 19)
+	f := writeBig(t, s, "w", want)
+	defer f.Close(ctx) //nolint:errcheck
+	s.st.mu.Lock()
+	e := s.st.entries["w"]
+	s.st.mu.Unlock()
+	drain := func() {
+		e.mu.Lock()
+		e.drainLocked()
+		e.mu.Unlock()
+	}
+	drain()
+	if c.noDirect.Load() {
+		t.Skip("the cache's file system refuses direct I/O")
+	}
+	before := residentPages(t, s.st.dataPath("w"))
+	const small = 4 << 10
+	page := make([]byte, small)
+	for i := range 32 {
+		off := (4<<20 - small) - i*3*small // backwards, apart: nothing is gathered
+		for j := range page {
+			page[j] = byte(i)
+		}
+		if _, err := f.WriteAt(ctx, page, int64(off)); err != nil {
+			t.Fatal(err)
+		}
+		copy(want[off:], page)
+	}
+	drain()
+	if n := residentPages(t, s.st.dataPath("w")) - before; n < 32 {
+		t.Errorf("32 small writes left %d pages in the page cache: they went in with direct I/O", n)
+	}
+	if got := readAll(t, s, "w"); !bytes.Equal(got, want) {
+		t.Fatal("the file read after the small writes differs")
+	}
+}
+
 // queuedDirect checks that the data of p, 4 MiB, reached its data file in want queued
 // writes, with direct I/O: of its pages only the first 256 KiB, held in memory and then
 // written buffered (memToFileLocked), may be in the page cache.

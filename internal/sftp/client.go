@@ -31,10 +31,12 @@ type Client struct {
 	nextI atomic.Uint32
 
 	// Deferred requests (see deferMax), under wmu; deferring is set while out holds
-	// any, armed while a timer will write them.
+	// any, armed while a timer will write them. written counts the times out was
+	// written: the requests in out go with write number written+1.
 	out       []byte
 	armed     bool
 	deferring atomic.Bool
+	written   atomic.Uint64
 
 	mu      sync.Mutex
 	pending map[uint32]chan response
@@ -263,12 +265,16 @@ type call struct {
 	c  *Client
 	id uint32
 	ch chan response
+	// batch: the request was deferred and leaves with the batch of deferred
+	// requests of that number (Client.written); 0 if it was written at once.
+	batch uint64
 }
 
 // Requests that nobody waits for yet — queued writes and attribute changes, closes
 // whose answer does not matter, an OPEN with its LSTAT right behind — are deferred:
-// kept until the next request someone waits for, any wait, the next large request,
-// or deferDelay, whichever comes first, and written together with it in one write(2).
+// kept until the next request someone waits for, a wait for one of them, the next
+// large request, or deferDelay, whichever comes first, and written together with it
+// in one write(2).
 // Every write(2) to ssh's pipe wakes ssh, and the wake-up (across CPUs, in a virtual
 // machine) was the largest single cost in muxfs' profile of an untar; deferring
 // halved its writes. Order is kept: deferred requests go out ahead of later ones.
@@ -302,16 +308,18 @@ func (c *Client) beginData(b *buffer, data []byte, id uint32, deferred bool) (*c
 	c.pending[id] = ch
 	c.mu.Unlock()
 	c.requests.Add(1)
-	if err := c.send(b.finishWith(len(data)), data, deferred); err != nil {
+	batch, err := c.send(b.finishWith(len(data)), data, deferred)
+	if err != nil {
 		c.fail(fmt.Errorf("writing request: %w", err))
 		return nil, c.Err()
 	}
-	return &call{c: c, id: id, ch: ch}, nil
+	return &call{c: c, id: id, ch: ch, batch: batch}, nil
 }
 
 // send writes packet p and then data (the packet's tail), with the deferred requests
-// ahead of them, or defers them too.
-func (c *Client) send(p, data []byte, deferred bool) error {
+// ahead of them, or defers them too and returns the number of the batch they will
+// leave with.
+func (c *Client) send(p, data []byte, deferred bool) (uint64, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if deferred && len(c.out)+len(p)+len(data) <= deferMax {
@@ -321,20 +329,22 @@ func (c *Client) send(p, data []byte, deferred bool) error {
 			c.armed = true
 			time.AfterFunc(deferDelay, c.deferredDue)
 		}
-		return nil
+		return c.written.Load() + 1, nil
 	}
 	err := c.writeBufs(c.out, p, data)
 	if len(c.out) > 0 {
 		c.out = c.out[:0]
 		c.deferring.Store(false)
+		c.written.Add(1)
 	}
-	return err
+	return 0, err
 }
 
 func (c *Client) writeOutLocked() error {
 	err := c.writeBufs(c.out)
 	c.out = c.out[:0]
 	c.deferring.Store(false)
+	c.written.Add(1)
 	return err
 }
 
@@ -429,7 +439,15 @@ func (c *Client) sendDeferred() {
 }
 
 func (k *call) wait(ctx context.Context) (response, error) {
-	k.c.sendDeferred()
+	// Only a request still deferred is sent now. Waiting for one already on its way
+	// leaves the deferred requests behind it to fill their batch: a writer whose
+	// window is full waits for its oldest write before each new one, and flushing
+	// at each of those waits sent nearly every 4 KiB random write in a write(2) of
+	// its own, each one waking the server's side (20,000 such writes: 38,295
+	// write(2)s before, 4,629 now; docs/design.md, "Write-behind").
+	if k.batch > k.c.written.Load() {
+		k.c.sendDeferred()
+	}
 	select {
 	case r := <-k.ch:
 		return r, nil

@@ -542,11 +542,38 @@ func TestDeferredRequests(t *testing.T) {
 	if err := pw.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
+
+	// A wait for a request already on its way writes nothing: the requests deferred
+	// behind it stay for their batch. Only a wait for one of them sends them.
+	sent, err := c.StartWrite(h, []byte("kl"), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Fstat(ctx, h); err != nil { // carries the write
+		t.Fatal(err)
+	}
+	behind, err := c.StartWrite(h, []byte("mn"), 12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before = w.count()
+	if err := sent.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := w.count() - before; n != 0 {
+		t.Errorf("waiting for a write already sent took %d writes, want 0", n)
+	}
+	if err := behind.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := w.count() - before; n != 1 {
+		t.Errorf("waiting for a deferred write took %d writes, want 1", n)
+	}
 	c.CloseAsync(h)
 	if _, err := c.MkdirAndLstat(ctx, filepath.Join(dir, "d"), Attrs{}); err != nil { // carries the CLOSE
 		t.Fatal(err)
 	}
-	if b, _ := os.ReadFile(p); string(b) != "abcdefghij" {
+	if b, _ := os.ReadFile(p); string(b) != "abcdefghijklmn" {
 		t.Errorf("file holds %q", b)
 	}
 
