@@ -61,6 +61,9 @@ type Cache struct {
 	// writeFault, in tests, runs before each queued write: it holds the writer
 	// back, or fails the write as a full disk would.
 	writeFault func() error
+	// writeNowFault, in tests, runs before each write made outside the queue
+	// (storeLocked), and fails it with its error.
+	writeNowFault func() error
 }
 
 // DefaultDir is $XDG_CACHE_HOME/muxfs, else ~/.cache/muxfs.
@@ -579,8 +582,15 @@ func (e *entry) storeLocked(p []byte, off int64, fill bool) bool {
 			// server's, writes through muxfs included (a read is sent behind
 			// the writes before it: sftpFile.ReadAt), and under passthrough
 			// nothing is queued (fileLocked waited for it).
-			if _, err := f.WriteAt(p, off); err != nil {
-				return false // a full disk: the data stays uncached
+			if err := e.st.c.writeNow(f, p, off); err != nil {
+				// A full disk. A fill's bytes stay uncached; a write's range
+				// still holds what it replaced, which the spans name as current
+				// (and the version the close records would too): the data goes,
+				// as when a queued write fails.
+				if !fill {
+					e.resetLocked()
+				}
+				return false
 			}
 		} else {
 			e.queueLocked(f, p, off)
@@ -595,6 +605,17 @@ func (e *entry) storeLocked(p []byte, off int64, fill bool) bool {
 	}
 	e.addSpanLocked(off, off+int64(len(p)))
 	return true
+}
+
+// writeNow writes p at off in f at once, outside the writer's queue.
+func (c *Cache) writeNow(f *os.File, p []byte, off int64) error {
+	if c.writeNowFault != nil {
+		if err := c.writeNowFault(); err != nil {
+			return err
+		}
+	}
+	_, err := f.WriteAt(p, off)
+	return err
 }
 
 func (e *entry) addSpanLocked(off, end int64) {

@@ -191,6 +191,43 @@ func TestWritesUnderPassthroughAreImmediate(t *testing.T) {
 	}
 }
 
+// A write under passthrough that fails to reach the data file (a full disk) drops
+// the cached data: the bytes it would have replaced are never served as the file
+// the close recorded.
+func TestFailedWriteUnderPassthroughDropsTheData(t *testing.T) {
+	c, s, _, remote := setup(t, t.TempDir(), Options{})
+	t.Cleanup(c.Close)
+	ctx := context.Background()
+	want := data(1<<20, 24)
+	os.WriteFile(filepath.Join(remote, "f"), want, 0o644)                 //nolint:errcheck
+	os.Chtimes(filepath.Join(remote, "f"), time.Now(), time.Unix(1e9, 0)) //nolint:errcheck
+	readAll(t, s, "f")
+	r, err := s.Open(ctx, "f", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(ctx) //nolint:errcheck
+	if _, ok := r.(interface{ PassthroughFd() (int, bool) }).PassthroughFd(); !ok {
+		t.Fatal("a fully cached file is not offered for passthrough")
+	}
+	c.writeNowFault = func() error { return syscall.ENOSPC }
+	w, err := s.Open(ctx, "f", os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := data(64<<10, 25)
+	if _, err := w.WriteAt(ctx, patch, 128<<10); err != nil {
+		t.Fatal(err)
+	}
+	copy(want[128<<10:], patch)
+	w.Stat(ctx)  //nolint:errcheck
+	w.Close(ctx) //nolint:errcheck
+	c.writeNowFault = nil
+	if got := readAll(t, s, "f"); !bytes.Equal(got, want) {
+		t.Fatal("the file read after a failed write under passthrough differs")
+	}
+}
+
 // Aligned writes go in with direct I/O and leave no pages in the page cache;
 // unaligned ones, buffered, mix with them in any order; everything reads back, from
 // the writer's open, the data file and a later open.
