@@ -95,7 +95,8 @@ type Backend interface {
 	Unlink(ctx context.Context, path string) error
 	// Rename replaces an existing destination, as rename(2) does.
 	Rename(ctx context.Context, from, to string) error
-	Symlink(ctx context.Context, target, path string) error
+	// Symlink makes a symlink and returns its attributes, as Mkdir does.
+	Symlink(ctx context.Context, target, path string) (Attr, error)
 	Link(ctx context.Context, from, to string) error
 	// SetAttr never follows a final symlink where the server allows that; otherwise
 	// changing a symlink's own times or owner fails with EOPNOTSUPP rather than

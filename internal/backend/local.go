@@ -114,8 +114,11 @@ func (l *Local) Rename(_ context.Context, from, to string) error {
 	return l.wrap("rename", from, unix.Rename(l.abs(from), l.abs(to)))
 }
 
-func (l *Local) Symlink(_ context.Context, target, p string) error {
-	return l.wrap("symlink", p, unix.Symlink(target, l.abs(p)))
+func (l *Local) Symlink(ctx context.Context, target, p string) (Attr, error) {
+	if err := l.wrap("symlink", p, unix.Symlink(target, l.abs(p))); err != nil {
+		return Attr{}, err
+	}
+	return l.Lstat(ctx, p)
 }
 
 func (l *Local) Link(_ context.Context, from, to string) error {

@@ -666,16 +666,25 @@ func (s *SFTP) differentFS(a, b string) bool {
 	return err == nil && sa.Fsid != sb.Fsid
 }
 
-func (s *SFTP) Symlink(ctx context.Context, target, p string) error {
+func (s *SFTP) Symlink(ctx context.Context, target, p string) (Attr, error) {
+	var at sftp.Attrs
+	made := false
 	err := s.change(ctx, func(ctx context.Context, m *member, c *sftp.Client) error {
-		return c.Symlink(ctx, target, m.abs(p))
+		var err error
+		at, err = c.SymlinkAndLstat(ctx, target, m.abs(p))
+		made = err == nil
+		return err
 	}, func() bool {
 		ctx, cancel := bg()
 		defer cancel()
 		t, err := s.Readlink(ctx, p)
 		return err == nil && t == target
 	})
-	return s.fail(ctx, "symlink", p, err, func() syscall.Errno { return s.existsErr(p) })
+	if err == nil && !made {
+		// Made by an attempt whose answer was lost: ask for the attributes.
+		return s.Lstat(ctx, p)
+	}
+	return attrFromSFTP(at), s.fail(ctx, "symlink", p, err, func() syscall.Errno { return s.existsErr(p) })
 }
 
 func (s *SFTP) Link(ctx context.Context, from, to string) error {

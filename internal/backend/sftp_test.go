@@ -97,7 +97,7 @@ func TestErrnoRecovery(t *testing.T) {
 	wantErrno(t, "unlink of a directory", s.Unlink(ctx, "empty"), syscall.EISDIR)
 	wantErrno(t, "lstat of a missing name", func() error { _, err := s.Lstat(ctx, "none"); return err }(), syscall.ENOENT)
 	wantErrno(t, "mkdir through a file", errOf(s.Mkdir(ctx, "file/x", 0o755)), syscall.ENOTDIR)
-	wantErrno(t, "symlink onto an existing name", s.Symlink(ctx, "t", "file"), syscall.EEXIST)
+	wantErrno(t, "symlink onto an existing name", errOf(s.Symlink(ctx, "t", "file")), syscall.EEXIST)
 	wantErrno(t, "link onto an existing name", s.Link(ctx, "file", "full"), syscall.EEXIST)
 	wantErrno(t, "rename a directory onto a non-empty one", s.Rename(ctx, "empty", "full"), syscall.ENOTEMPTY)
 	wantErrno(t, "rename a file onto a directory", s.Rename(ctx, "file", "empty"), syscall.EISDIR)

@@ -907,9 +907,17 @@ func (s *Source) Rename(ctx context.Context, from, to string) error {
 	return nil
 }
 
-func (s *Source) Symlink(ctx context.Context, target, p string) error {
-	defer s.changed(p)
-	return s.Backend.Symlink(ctx, target, p)
+// Symlink records the new link as Mkdir records a directory: its directory's listing
+// stays, with the link's attributes in it, and its target is known.
+func (s *Source) Symlink(ctx context.Context, target, p string) (backend.Attr, error) {
+	a, err := s.Backend.Symlink(ctx, target, p)
+	if err != nil {
+		s.changed(p)
+		return a, err
+	}
+	s.changedTo(p, a)
+	s.meta.putLink(s.id, p, target, time.Now(), s.meta.stamp(s.id, p))
+	return a, nil
 }
 
 func (s *Source) Link(ctx context.Context, from, to string) error {

@@ -204,7 +204,7 @@ func TestSymlinkTargets(t *testing.T) {
 	if err := s.Unlink(ctx, "d/l"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Symlink(ctx, "three", "d/l"); err != nil {
+	if _, err := s.Symlink(ctx, "three", "d/l"); err != nil {
 		t.Fatal(err)
 	}
 	readlink("d/l", "three")
@@ -215,7 +215,7 @@ func TestSymlinkTargets(t *testing.T) {
 		t.Error("readlink of a renamed-away symlink succeeded")
 	}
 	readlink("e/l", "three")
-	if err := s.Symlink(ctx, "four", "e/m"); err != nil {
+	if _, err := s.Symlink(ctx, "four", "e/m"); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Rename(ctx, "e/m", "e/l"); err != nil {
@@ -545,6 +545,50 @@ func TestCreatedKeepsListings(t *testing.T) {
 	m.Created(0, "d/a", backend.Attr{Mode: 0o100600, Size: 5})
 	if a, found, ok := m.lookup(0, "d/a", now); !ok || !found || a.Size != 5 {
 		t.Errorf("reopened for writing: %v %v %v", a, found, ok)
+	}
+}
+
+// A symlink made through the cache joins its directory's listing with the attributes
+// its creation returned, and its target is known: the lookups, the readlink and the
+// listing that follow ask the source nothing.
+func TestSymlinkKeepsListing(t *testing.T) {
+	s, c, dir := newSource(t, time.Minute, nil)
+	ctx := context.Background()
+	os.WriteFile(dir+"/f", []byte("f"), 0o644) //nolint:errcheck
+	if _, err := s.ReadDir(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	made, err := s.Symlink(ctx, "somewhere/else", "l")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if made.Type() != syscall.S_IFLNK || made.Size != int64(len("somewhere/else")) {
+		t.Errorf("symlink returned type %o size %d", made.Type(), made.Size)
+	}
+	lstats, readlinks := c.lstats.Load(), c.readlinks.Load()
+	if a, err := s.Lstat(ctx, "l"); err != nil || a.Type() != syscall.S_IFLNK {
+		t.Errorf("lstat of the new symlink: type %o, %v", a.Type(), err)
+	}
+	if _, err := s.Lstat(ctx, "missing"); backend.ToErrno(err) != syscall.ENOENT {
+		t.Errorf("lstat of a missing name: %v", err)
+	}
+	if got, err := s.Readlink(ctx, "l"); err != nil || got != "somewhere/else" {
+		t.Errorf("readlink of the new symlink: %q, %v", got, err)
+	}
+	got, err := s.ReadDir(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range got {
+		names = append(names, e.Name)
+	}
+	slices.Sort(names)
+	if fmt.Sprint(names) != "[f l]" {
+		t.Errorf("listing after the symlink: %v", names)
+	}
+	if n, m, r := c.lstats.Load()-lstats, c.readlinks.Load()-readlinks, c.readdirs.Load(); n != 0 || m != 0 || r != 1 {
+		t.Errorf("after the symlink, %d LSTATs, %d READLINKs and %d READDIRs reached the source; want 0, 0 and 1", n, m, r)
 	}
 }
 

@@ -95,9 +95,9 @@ func (s *Source) Rmdir(ctx context.Context, p string) error {
 	return s.Backend.Rmdir(ctx, p)
 }
 
-func (s *Source) Symlink(ctx context.Context, target, p string) error {
+func (s *Source) Symlink(ctx context.Context, target, p string) (backend.Attr, error) {
 	if err := s.readOnlyNow("symlink", p); err != nil {
-		return err
+		return backend.Attr{}, err
 	}
 	return s.Backend.Symlink(ctx, target, p)
 }

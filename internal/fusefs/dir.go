@@ -322,10 +322,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 		return nil, errno
 	}
 	b := l.Branches[idx].Backend
-	if err := b.Symlink(ctx, target, rel); err != nil {
-		return nil, n.fsys.toErrno(err)
-	}
-	a, err := b.Lstat(ctx, rel)
+	a, err := b.Symlink(ctx, target, rel)
 	if err != nil {
 		return nil, n.fsys.toErrno(err)
 	}

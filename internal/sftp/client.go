@@ -1075,10 +1075,10 @@ func (c *Client) Readlink(ctx context.Context, path string) (string, error) {
 
 // Symlink creates link pointing at target. OpenSSH (and every server in practice)
 // takes the arguments in the opposite order to the draft: target first.
-func (c *Client) Symlink(ctx context.Context, target, link string) error {
+func (c *Client) SymlinkAndLstat(ctx context.Context, target, link string) (Attrs, error) {
 	b, id := c.pathRequest(fxpSymlink, target)
 	b.str(link)
-	return c.simple(ctx, "symlink", b, id, link)
+	return c.changeThenLstat(ctx, "symlink", b, id, link)
 }
 
 // Rename renames with plain SFTP semantics: it fails if newpath exists.

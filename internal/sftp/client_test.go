@@ -132,8 +132,8 @@ func TestNamespaceOps(t *testing.T) {
 	}
 	os.WriteFile(dir+"/d/a", []byte("a"), 0o644) //nolint:errcheck
 	os.WriteFile(dir+"/d/b", []byte("b"), 0o644) //nolint:errcheck
-	if err := c.Symlink(ctx, "a", dir+"/d/link"); err != nil {
-		t.Fatal(err)
+	if a, err := c.SymlinkAndLstat(ctx, "a", dir+"/d/link"); err != nil || a.Mode&0o170000 != 0o120000 || a.Size != 1 {
+		t.Fatalf("symlink and lstat: mode %o size %d, %v", a.Mode, a.Size, err)
 	}
 	if target, err := c.Readlink(ctx, dir+"/d/link"); err != nil || target != "a" {
 		t.Errorf("readlink: %q %v (symlink argument order wrong?)", target, err)
