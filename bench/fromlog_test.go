@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -45,6 +46,35 @@ func TestLogRoundTrip(t *testing.T) {
 		}
 		if s.higher["warm/"+r.metric] != r.higher {
 			t.Errorf("%q: higher is better read back as %v", r.metric, !r.higher)
+		}
+	}
+}
+
+// TestTargetsOfPartialRuns: a page written from a run of one workload judges the
+// speed issue's targets that workload measures (a run of rand alone had none).
+func TestTargetsOfPartialRuns(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "run.log")
+	lines := "05:35:35 0s rand sshfs-tuned rep 1: randread=1.72e+03IOPS randwrite=810IOPS\n" +
+		"05:35:46 0s rand muxfs rep 1: randread=8.68e+03IOPS randwrite=4.35e+03IOPS\n"
+	if err := os.WriteFile(log, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := loadLog(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := filepath.Join(dir, "page.md")
+	if err := s.report(page, filepath.Join(dir, "charts"), "", "", []time.Duration{0}, 0); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| random read IOPS ≥ 2× sshfs-tuned | 5.05 | yes |", "| random write IOPS ≥ 3× sshfs-tuned | 5.37 | yes |"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("the page has no row %q", want)
 		}
 	}
 }
