@@ -505,19 +505,28 @@ func (s *SFTP) missing(p string) bool {
 }
 
 func (s *SFTP) Mkdir(ctx context.Context, p string, mode uint32) (Attr, error) {
+	return s.makeEntry(ctx, "mkdir", p, func(ctx context.Context, c *sftp.Client, abs string) (sftp.Attrs, error) {
+		return c.MkdirAndLstat(ctx, abs, sftp.Attrs{Flags: sftp.AttrPermissions, Mode: mode & 07777})
+	}, func() bool { return s.isType(p, syscall.S_IFDIR) })
+}
+
+// makeEntry runs req, which makes p and returns its attributes (a MKDIR or a SYMLINK
+// with an LSTAT behind it), as a change (see change: done tells whether a lost
+// attempt made it). One made by an attempt whose answer was lost is asked for with an
+// LSTAT.
+func (s *SFTP) makeEntry(ctx context.Context, op, p string, req func(ctx context.Context, c *sftp.Client, abs string) (sftp.Attrs, error), done func() bool) (Attr, error) {
 	var at sftp.Attrs
 	made := false
 	err := s.change(ctx, func(ctx context.Context, m *member, c *sftp.Client) error {
 		var err error
-		at, err = c.MkdirAndLstat(ctx, m.abs(p), sftp.Attrs{Flags: sftp.AttrPermissions, Mode: mode & 07777})
+		at, err = req(ctx, c, m.abs(p))
 		made = err == nil
 		return err
-	}, func() bool { return s.isType(p, syscall.S_IFDIR) })
+	}, done)
 	if err == nil && !made {
-		// Made by an attempt whose answer was lost: ask for the attributes.
 		return s.Lstat(ctx, p)
 	}
-	return attrFromSFTP(at), s.fail(ctx, "mkdir", p, err, func() syscall.Errno { return s.existsErr(p) })
+	return attrFromSFTP(at), s.fail(ctx, op, p, err, func() syscall.Errno { return s.existsErr(p) })
 }
 
 func (s *SFTP) Rmdir(ctx context.Context, p string) error {
@@ -667,24 +676,14 @@ func (s *SFTP) differentFS(a, b string) bool {
 }
 
 func (s *SFTP) Symlink(ctx context.Context, target, p string) (Attr, error) {
-	var at sftp.Attrs
-	made := false
-	err := s.change(ctx, func(ctx context.Context, m *member, c *sftp.Client) error {
-		var err error
-		at, err = c.SymlinkAndLstat(ctx, target, m.abs(p))
-		made = err == nil
-		return err
+	return s.makeEntry(ctx, "symlink", p, func(ctx context.Context, c *sftp.Client, abs string) (sftp.Attrs, error) {
+		return c.SymlinkAndLstat(ctx, target, abs)
 	}, func() bool {
 		ctx, cancel := bg()
 		defer cancel()
 		t, err := s.Readlink(ctx, p)
 		return err == nil && t == target
 	})
-	if err == nil && !made {
-		// Made by an attempt whose answer was lost: ask for the attributes.
-		return s.Lstat(ctx, p)
-	}
-	return attrFromSFTP(at), s.fail(ctx, "symlink", p, err, func() syscall.Errno { return s.existsErr(p) })
 }
 
 func (s *SFTP) Link(ctx context.Context, from, to string) error {

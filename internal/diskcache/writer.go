@@ -35,8 +35,9 @@ import (
 // close's or an fsync's stat, the last release), so it never waits for a commit.
 //
 // Aligned writes of 64 KiB or more (a sequential writer's, all of them but maybe the
-// last; see directMin for the small ones) go in with direct I/O, through a second descriptor of the data file: a buffered write copies into
-// newly allocated page-cache pages, and that copy was 36% of muxfs' CPU samples in a
+// last; see directMin for the small ones) go in with direct I/O, through a second
+// descriptor of the data file: a buffered write copies into newly allocated
+// page-cache pages, and that copy was 36% of muxfs' CPU samples in a
 // 1 GiB write on the bench's machine (a virtual machine whose fresh pages fault to
 // the host); the same write with direct I/O moved 224–239 MB/s against 176–196
 // buffered in alternated rounds (docs/design.md). The pages are not wanted anyway:
@@ -135,9 +136,8 @@ func (c *Cache) writerBehind() bool { return len(c.writes) == cap(c.writes) }
 // directMin is the smallest write that goes in with direct I/O. A direct write waits
 // for the disk, and the writer makes one at a time: a random writer's 4 KiB writes,
 // each a direct write of its own, filled the queue at the disk's pace, and the FUSE
-// WRITEs waited for it (fio's 4 KiB random writes, 20,000 of them: 2,400–3,700 IOPS
-// with direct I/O, 5,400–7,900 without; docs/design.md, "Write-behind"). Buffered, a
-// small write is a copy into a page or a few; what direct I/O spares, the copy into
+// WRITEs waited for it (docs/design.md, "Random small writes", has the figures).
+// Buffered, a small write is a copy into a page or a few; what direct I/O spares, the copy into
 // freshly allocated pages, is paid per byte and matters for the megabytes a
 // sequential writer or a cold read moves.
 const directMin = 64 << 10

@@ -444,7 +444,7 @@ func (k *call) wait(ctx context.Context) (response, error) {
 	// window is full waits for its oldest write before each new one, and flushing
 	// at each of those waits sent nearly every 4 KiB random write in a write(2) of
 	// its own, each one waking the server's side (20,000 such writes: 38,295
-	// write(2)s before, 4,629 now; docs/design.md, "Write-behind").
+	// write(2)s before, 4,629 now; docs/design.md, "Random small writes").
 	if k.batch > k.c.written.Load() {
 		k.c.sendDeferred()
 	}
@@ -1073,8 +1073,9 @@ func (c *Client) Readlink(ctx context.Context, path string) (string, error) {
 	return names[0].Name, nil
 }
 
-// Symlink creates link pointing at target. OpenSSH (and every server in practice)
-// takes the arguments in the opposite order to the draft: target first.
+// SymlinkAndLstat creates link pointing at target and returns the link's attributes,
+// in one round trip (an LSTAT behind the SYMLINK). OpenSSH (and every server in
+// practice) takes the arguments in the opposite order to the draft: target first.
 func (c *Client) SymlinkAndLstat(ctx context.Context, target, link string) (Attrs, error) {
 	b, id := c.pathRequest(fxpSymlink, target)
 	b.str(link)
