@@ -162,19 +162,7 @@ func TestWritesUnderPassthroughAreImmediate(t *testing.T) {
 	c, s, _, remote := setup(t, t.TempDir(), Options{})
 	t.Cleanup(c.Close) // after holdWriter's release
 	ctx := context.Background()
-	old := data(1<<20, 14)
-	os.WriteFile(filepath.Join(remote, "f"), old, 0o644)                  //nolint:errcheck
-	os.Chtimes(filepath.Join(remote, "f"), time.Now(), time.Unix(1e9, 0)) //nolint:errcheck
-	readAll(t, s, "f")
-	r, err := s.Open(ctx, "f", os.O_RDONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close(ctx) //nolint:errcheck
-	fd, ok := r.(interface{ PassthroughFd() (int, bool) }).PassthroughFd()
-	if !ok {
-		t.Fatal("a fully cached file is not offered for passthrough")
-	}
+	fd := openPassthrough(t, s, remote, "f", data(1<<20, 14))
 	c.writeFault = func() error { return errors.New("a write to a passthrough file was queued") }
 	w, err := s.Open(ctx, "f", os.O_WRONLY, 0)
 	if err != nil {
@@ -191,6 +179,26 @@ func TestWritesUnderPassthroughAreImmediate(t *testing.T) {
 	}
 }
 
+// openPassthrough puts b at name on the server, reads it whole through s (so the
+// cache holds it) and opens it read-only for passthrough, as the kernel would (the
+// open is closed at the test's end): it returns the data file's descriptor.
+func openPassthrough(t *testing.T, s *Source, remote, name string, b []byte) int {
+	t.Helper()
+	ctx := context.Background()
+	putRemote(t, remote, name, b)
+	readAll(t, s, name)
+	r, err := s.Open(ctx, name, os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close(ctx) }) //nolint:errcheck
+	fd, ok := r.(interface{ PassthroughFd() (int, bool) }).PassthroughFd()
+	if !ok {
+		t.Fatal("a fully cached file is not offered for passthrough")
+	}
+	return fd
+}
+
 // A write under passthrough that fails to reach the data file (a full disk) drops
 // the cached data: the bytes it would have replaced are never served as the file
 // the close recorded.
@@ -199,17 +207,7 @@ func TestFailedWriteUnderPassthroughDropsTheData(t *testing.T) {
 	t.Cleanup(c.Close)
 	ctx := context.Background()
 	want := data(1<<20, 24)
-	os.WriteFile(filepath.Join(remote, "f"), want, 0o644)                 //nolint:errcheck
-	os.Chtimes(filepath.Join(remote, "f"), time.Now(), time.Unix(1e9, 0)) //nolint:errcheck
-	readAll(t, s, "f")
-	r, err := s.Open(ctx, "f", os.O_RDONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close(ctx) //nolint:errcheck
-	if _, ok := r.(interface{ PassthroughFd() (int, bool) }).PassthroughFd(); !ok {
-		t.Fatal("a fully cached file is not offered for passthrough")
-	}
+	openPassthrough(t, s, remote, "f", append([]byte(nil), want...))
 	c.writeNowFault = func() error { return syscall.ENOSPC }
 	w, err := s.Open(ctx, "f", os.O_WRONLY, 0)
 	if err != nil {
