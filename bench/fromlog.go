@@ -18,6 +18,12 @@ var (
 	// A rep line is summary's output: "name=value+unit" pairs joined by spaces, the
 	// names free text without "=" (spaces, apostrophes, commas).
 	valueRe = regexp.MustCompile(`\s*([^=]+?)=([0-9.e+]+)(MB/s|IOPS|files/s|s)(?:\s|$)`)
+	// The host's steal during a measurement kept ("... (steal 0.4%)" at the end of a
+	// rep line), a measurement taken again ("... rep 1 retaken, steal 12.3%: ..."),
+	// and the run's limit ("max steal: 5%, 2 retakes").
+	stealRe    = regexp.MustCompile(` \(steal ([0-9.]+)%\)$`)
+	retakenRe  = regexp.MustCompile(`^\S+ \S+ \S+ \S+ rep \d+ retaken, steal `)
+	maxStealRe = regexp.MustCompile(` max steal: ([0-9.]+)%`)
 )
 
 // loadLog rebuilds the results of a run from its log, so that a report can be written
@@ -41,7 +47,20 @@ func loadLog(file string) (*store, error) {
 			s.machine = m
 			continue
 		}
+		if m := maxStealRe.FindStringSubmatch(line); m != nil {
+			s.maxSteal, _ = strconv.ParseFloat(m[1], 64)
+			continue
+		}
+		if retakenRe.MatchString(line) {
+			s.retaken++
+			continue
+		}
 		if m := repLine.FindStringSubmatch(line); m != nil {
+			if st := stealRe.FindStringSubmatch(m[4]); st != nil {
+				if v, err := strconv.ParseFloat(st[1], 64); err == nil {
+					s.kept(v)
+				}
+			}
 			rtt, err := time.ParseDuration(m[1])
 			if err != nil {
 				continue

@@ -27,6 +27,13 @@ type bench struct {
 	luaTar    string
 	data      string // server-side data root
 	results   *store
+	// maxSteal: a measurement during which the host took more than this percentage
+	// of the machine is taken again, up to retakes times (steal.go).
+	maxSteal float64
+	retakes  int
+	// stealClock, if set, stands in for /proc/stat (and no wait for a quiet host is
+	// made): tests.
+	stealClock func() (cpuTimes, bool)
 }
 
 func main() {
@@ -43,6 +50,8 @@ func main() {
 		fromLog  = flag.String("from-log", "", "write the report from this run log instead of measuring")
 		notes    = flag.String("notes", "", "markdown file appended to the report (the analysis)")
 		fsGiB    = flag.Int("fs-gib", 32, "size of the ext4 image the bench's files live on (sparse); 0: the temporary directory's own file system")
+		maxSteal = flag.Float64("max-steal", 5, "take a measurement again when the host took more than this percentage of the machine's CPU time during it (/proc/stat steal); 0: never")
+		retakes  = flag.Int("retakes", 2, "at most this many retakes of one measurement for steal (the one with the least steal is kept)")
 		serve    = flag.Bool("serve", false, "set up the server, delay proxies and data, print how to mount each system, and wait for Ctrl-C (a rig for profiling by hand)")
 	)
 	flag.Parse()
@@ -111,10 +120,13 @@ func main() {
 		fatal(err)
 	}
 	td.push(e.close)
-	b := &bench{env: e, reps: *reps, seqMiB: *seqMiB, data: filepath.Join(root, "data"), results: newStore()}
+	b := &bench{env: e, reps: *reps, seqMiB: *seqMiB, data: filepath.Join(root, "data"), results: newStore(),
+		maxSteal: *maxSteal, retakes: *retakes}
 	b.results.fs = fs
 	b.results.machine = machine()
+	b.results.maxSteal = *maxSteal
 	log.Printf("machine: %s", b.results.machine)
+	log.Printf("max steal: %g%%, %d retakes", *maxSteal, *retakes)
 	if err := b.prepare(); err != nil {
 		fatal(err)
 	}
@@ -261,15 +273,16 @@ func (b *bench) measure(w workload, sys system, rtt time.Duration, rep int) bool
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		fatal(err)
 	}
-	s, err := b.env.open(sys, rtt, dir)
-	if err != nil {
-		b.results.fail(rtt, w.name, sys.name, err)
-		log.Printf("%v %s %s: %v", rtt, w.name, sys.name, err)
-		return false
-	}
-	defer s.close()
-	s.round = rep
-	res, err := w.run(b, s, rtt)
+	name := fmt.Sprintf("%v %s %s rep %d", rtt, w.name, sys.name, rep+1)
+	res, steal, err := b.steady(name, func() ([]result, error) {
+		s, err := b.env.open(sys, rtt, dir)
+		if err != nil {
+			return nil, err
+		}
+		defer s.close()
+		s.round = rep
+		return w.run(b, s, rtt)
+	})
 	for _, r := range res {
 		b.results.add(rtt, w.name, sys.name, r)
 	}
@@ -278,7 +291,8 @@ func (b *bench) measure(w workload, sys system, rtt time.Duration, rep int) bool
 		log.Printf("%v %s %s: %v", rtt, w.name, sys.name, err)
 		return false
 	}
-	log.Printf("%v %s %s rep %d: %s", rtt, w.name, sys.name, rep+1, summary(res))
+	b.results.kept(steal)
+	log.Printf("%s: %s%s", name, summary(res), stealSuffix(steal))
 	return true
 }
 
@@ -306,25 +320,36 @@ func (b *bench) rawStream(rtt time.Duration, rep int) bool {
 	for _, v := range []struct{ name, cipher string }{{"ssh-stream", ""}, {"ssh-stream-gcm", "-c aes128-gcm@openssh.com"}} {
 		opts := "-o " + strings.Join(b.env.sshOpts(), " -o ")
 		ssh := fmt.Sprintf("ssh %s %s -p %d %s@127.0.0.1", opts, v.cipher, b.env.proxies[rtt], b.env.server.User)
-		// The connection's setup is not part of the stream: time it alone and take
-		// it off.
-		setup, _, err := sh(ssh + " true")
-		if err == nil {
+		name := fmt.Sprintf("%v seq %s rep %d", rtt, v.name, rep+1)
+		res, steal, err := b.steady(name, func() ([]result, error) {
+			// The connection's setup is not part of the stream: time it alone and
+			// take it off.
+			setup, _, err := sh(ssh + " true")
+			if err != nil {
+				return nil, err
+			}
 			dropCaches()
-			var d time.Duration
-			d, _, err = sh(fmt.Sprintf("%s cat %s > /dev/null", ssh, file))
+			d, _, err := sh(fmt.Sprintf("%s cat %s > /dev/null", ssh, file))
+			if err != nil {
+				return nil, err
+			}
 			res := []result{{"read", "MB/s", float64(b.seqMiB<<20) / mb / (d - setup).Seconds(), true}}
-			if err == nil && rtt == 0 {
+			if rtt == 0 {
 				os.Remove(written) //nolint:errcheck // each repetition writes a new file, as fio's write does
 				d, _, err = sh(fmt.Sprintf("%s 'cat > %s && sync %s' < %s", ssh, written, written, file))
+				if err != nil {
+					return nil, err
+				}
 				res = append(res, result{"write", "MB/s", float64(b.seqMiB<<20) / mb / (d - setup).Seconds(), true})
 			}
-			if err == nil {
-				for _, r := range res {
-					b.results.add(rtt, "seq", v.name, r)
-				}
-				log.Printf("%v seq %s rep %d: %s", rtt, v.name, rep+1, summary(res))
+			return res, nil
+		})
+		if err == nil {
+			for _, r := range res {
+				b.results.add(rtt, "seq", v.name, r)
 			}
+			b.results.kept(steal)
+			log.Printf("%s: %s%s", name, summary(res), stealSuffix(steal))
 		}
 		if err != nil {
 			b.results.fail(rtt, "seq", v.name, err)

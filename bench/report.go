@@ -34,6 +34,11 @@ type store struct {
 	// machine: the machine of the run (machine()), logged at its start; empty in a
 	// log from before it was, where the report names the machine writing it instead.
 	machine string
+	// steal: the host's steal during each measurement kept, in percent; retaken: how
+	// many measurements were taken again for steal above maxSteal (steal.go).
+	steal    []float64
+	retaken  int
+	maxSteal float64
 }
 
 func newStore() *store {
@@ -48,6 +53,13 @@ func (s *store) add(rtt time.Duration, w, sys string, r result) {
 	s.higher[w+"/"+r.metric] = r.higher
 	if !slices.Contains(s.metrics[w], r.metric) {
 		s.metrics[w] = append(s.metrics[w], r.metric)
+	}
+}
+
+// kept records the steal during a measurement kept (-1: unknown).
+func (s *store) kept(steal float64) {
+	if steal >= 0 {
+		s.steal = append(s.steal, steal)
 	}
 }
 
@@ -144,6 +156,7 @@ func (s *store) report(file, chartDir, notes string, cmdline string, rtts []time
 	if s.fs != "" {
 		fmt.Fprintf(&b, "Files: %s (see bench/README.md).\n\n", s.fs)
 	}
+	b.WriteString(s.stealNote())
 	b.WriteString("Systems: **local** is the server's directory itself (the limit); **ssh-stream** is `ssh host cat FILE` (one SSH stream, default cipher; **-gcm** with aes128-gcm, which muxfs prefers), and at 0 ms also `ssh host 'cat > FILE && sync FILE'` (write: the server writing a new file from one stream); **sshfs** is sshfs with its defaults; **sshfs-tuned** adds `-o max_conns=4,kernel_cache,Ciphers=aes128-gcm@openssh.com`; **rclone** is `rclone mount` of an sftp remote with `--vfs-cache-mode off`, **rclone-full** with `full`; **muxfs** is muxfs with its defaults; **muxfs-nocto** adds `-o nocto` (close-to-open off, opt-in); **muxfs-ssh** adds `-o transport=ssh` (sessions through the ssh program, not in-process).\n\n")
 	if s.has(0, "cache") || s.has(0, "warm") || s.has(2*time.Millisecond, "warm") {
 		b.WriteString(s.cacheTargets(rtts))
