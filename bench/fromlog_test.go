@@ -53,17 +53,34 @@ func TestLogRoundTrip(t *testing.T) {
 // TestTargetsOfPartialRuns: a page written from a run of one workload judges the
 // speed issue's targets that workload measures (a run of rand alone had none).
 func TestTargetsOfPartialRuns(t *testing.T) {
-	dir := t.TempDir()
-	log := filepath.Join(dir, "run.log")
-	lines := "05:35:35 0s rand sshfs-tuned rep 1: randread=1.72e+03IOPS randwrite=810IOPS\n" +
-		"05:35:46 0s rand muxfs rep 1: randread=8.68e+03IOPS randwrite=4.35e+03IOPS\n"
-	if err := os.WriteFile(log, []byte(lines), 0o644); err != nil {
+	s := loadLines(t, "05:35:35 0s rand sshfs-tuned rep 1: randread=1.72e+03IOPS randwrite=810IOPS\n"+
+		"05:35:46 0s rand muxfs rep 1: randread=8.68e+03IOPS randwrite=4.35e+03IOPS\n")
+	page := pageOf(t, s)
+	for _, want := range []string{"| random read IOPS ≥ 2× sshfs-tuned | 5.05 | yes |", "| random write IOPS ≥ 3× sshfs-tuned | 5.37 | yes |"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page has no row %q", want)
+		}
+	}
+}
+
+// loadLines reads a run's log made of lines.
+func loadLines(t *testing.T, lines string) *store {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "run.log")
+	if err := os.WriteFile(file, []byte(lines), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s, err := loadLog(log)
+	s, err := loadLog(file)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
+
+// pageOf is the page written from s, as -from-log writes it.
+func pageOf(t *testing.T, s *store) string {
+	t.Helper()
+	dir := t.TempDir()
 	page := filepath.Join(dir, "page.md")
 	if err := s.report(page, filepath.Join(dir, "charts"), "", "", []time.Duration{0}, 0); err != nil {
 		t.Fatal(err)
@@ -72,9 +89,5 @@ func TestTargetsOfPartialRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"| random read IOPS ≥ 2× sshfs-tuned | 5.05 | yes |", "| random write IOPS ≥ 3× sshfs-tuned | 5.37 | yes |"} {
-		if !strings.Contains(string(b), want) {
-			t.Errorf("the page has no row %q", want)
-		}
-	}
+	return string(b)
 }

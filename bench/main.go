@@ -34,6 +34,10 @@ type bench struct {
 	// stealClock, if set, stands in for /proc/stat (and no wait for a quiet host is
 	// made): tests.
 	stealClock func() (cpuTimes, bool)
+	// The time spent waiting for the host and on attempts not kept, and on the
+	// measurements kept; stealGaveUp: the first outgrew the second (steady).
+	stealSpent, measured time.Duration
+	stealGaveUp          bool
 }
 
 func main() {

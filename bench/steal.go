@@ -68,37 +68,65 @@ func stealShare(a, b cpuTimes) float64 {
 // again (up to b.retakes times) while the host took more than b.maxSteal percent of
 // the machine during it. It returns the results of the attempt with the least steal,
 // and that steal (-1 if unknown); a failed attempt is returned at once, as it is.
+//
+// Waiting and retaking stop for the rest of the run once they have taken longer than
+// the measurements kept plus stealGrace: a host that stays busy makes the run at most
+// about twice as long, and its measurements are then kept as they come (their steal
+// still logged).
 func (b *bench) steady(name string, f func() ([]result, error)) ([]result, float64, error) {
 	var best []result
 	bestShare := math.Inf(1)
+	var bestTook time.Duration
 	clock, quiet := readCPU, b.waitQuiet
 	if b.stealClock != nil { // tests
 		clock, quiet = b.stealClock, func() {}
 	}
+	start := time.Now()
+	overBudget := func(extra time.Duration) bool {
+		if !b.stealGaveUp && b.maxSteal > 0 && b.stealSpent+extra > b.measured+stealGrace {
+			b.stealGaveUp = true
+			log.Printf("waiting for the host and retaking have taken %v against %v of measurements kept: from now on measurements are kept as they come",
+				(b.stealSpent + extra).Round(time.Second), b.measured.Round(time.Second))
+		}
+		return b.stealGaveUp
+	}
+	defer func() {
+		b.stealSpent += time.Since(start) - bestTook
+		b.measured += bestTook
+		overBudget(0)
+	}()
 	for attempt := 0; ; attempt++ {
-		if b.maxSteal > 0 {
+		if b.maxSteal > 0 && !b.stealGaveUp {
 			quiet()
 		}
+		t0 := time.Now()
 		before, ok1 := clock()
 		res, err := f()
 		after, ok2 := clock()
+		took := time.Since(t0)
 		if err != nil {
+			bestTook = took
 			return res, 0, err
 		}
 		if !ok1 || !ok2 {
+			bestTook = took
 			return res, -1, nil // no /proc/stat: nothing to judge by
 		}
 		share := stealShare(before, after)
 		if share < bestShare {
-			best, bestShare = res, share
+			best, bestShare, bestTook = res, share, took
 		}
-		if b.maxSteal <= 0 || share <= b.maxSteal || attempt >= b.retakes {
+		if b.maxSteal <= 0 || share <= b.maxSteal || attempt >= b.retakes || overBudget(time.Since(start)-bestTook) {
 			return best, bestShare, nil
 		}
 		b.results.retaken++
 		log.Printf("%s retaken, steal %.1f%%: %s", name, share, summary(res))
 	}
 }
+
+// stealGrace: how much longer than the measurements kept waiting for the host and
+// retaking may take in a run before they stop (steady).
+const stealGrace = 5 * time.Minute
 
 // waitQuiet waits, at most quietMax, until a one-second probe sees the host take at
 // most half of maxSteal. The probe wakes one thread from another as fast as it can:

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -72,39 +70,41 @@ func TestSteady(t *testing.T) {
 	}
 }
 
+// TestStealBudget: once waiting and retaking have taken longer than the measurements
+// kept (and the grace), a busy host's measurements are kept as they come.
+func TestStealBudget(t *testing.T) {
+	b := &bench{results: newStore(), maxSteal: 5, retakes: 2, stealClock: fakeSteal(20, 20, 20, 20, 20)}
+	run := func() ([]result, error) { time.Sleep(10 * time.Millisecond); return nil, nil }
+	b.steady("first", run)
+	if b.results.retaken != 2 || b.stealGaveUp {
+		t.Fatalf("first measurement: retaken %d, gave up %v", b.results.retaken, b.stealGaveUp)
+	}
+	b.stealSpent += stealGrace // as if the waits for the host had taken that long
+	if _, steal, _ := b.steady("second", run); steal != 20 || b.results.retaken != 2 || !b.stealGaveUp {
+		t.Fatalf("second measurement: steal %v, retaken %d, gave up %v", steal, b.results.retaken, b.stealGaveUp)
+	}
+	b.steady("third", run)
+	if b.results.retaken != 2 {
+		t.Errorf("a measurement was retaken after giving up (retaken %d)", b.results.retaken)
+	}
+}
+
 // TestStealFromLog: a page written from a run's log gives the steal of the
 // measurements kept and how many were taken again, as the run's own page does.
 func TestStealFromLog(t *testing.T) {
-	dir := t.TempDir()
-	file := filepath.Join(dir, "run.log")
-	lines := "07:00:00 max steal: 5%, 2 retakes\n" +
-		"07:00:10 0s untar muxfs rep 1 retaken, steal 19.2%: untar=337files/s rm -rf=9.7s\n" +
-		"07:00:40 0s untar muxfs rep 1: untar=574files/s rm -rf=8.06s (steal 0.2%)\n" +
-		"07:01:40 0s untar sshfs rep 1: untar=190files/s rm -rf=10.1s (steal 3.1%)\n"
-	if err := os.WriteFile(file, []byte(lines), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	s, err := loadLog(file)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := loadLines(t, "07:00:00 max steal: 5%, 2 retakes\n"+
+		"07:00:10 0s untar muxfs rep 1 retaken, steal 19.2%: untar=337files/s rm -rf=9.7s\n"+
+		"07:00:40 0s untar muxfs rep 1: untar=574files/s rm -rf=8.06s (steal 0.2%)\n"+
+		"07:01:40 0s untar sshfs rep 1: untar=190files/s rm -rf=10.1s (steal 3.1%)\n")
 	if v, ok := s.med(0, "untar", "untar", "muxfs"); !ok || v != 574 {
 		t.Errorf("muxfs untar read back as %v (%v): a retaken measurement counted", v, ok)
 	}
 	if s.retaken != 1 || len(s.steal) != 2 || s.maxSteal != 5 {
 		t.Errorf("read back retaken %d, steal %v, limit %v", s.retaken, s.steal, s.maxSteal)
 	}
-	page := filepath.Join(dir, "page.md")
-	if err := s.report(page, filepath.Join(dir, "charts"), "", "", []time.Duration{0}, 0); err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(page)
-	if err != nil {
-		t.Fatal(err)
-	}
 	want := "median 1.7%, at most 3.1%; 1 measurement was taken again because the host took more than 5% of the machine"
-	if !strings.Contains(string(b), want) {
-		t.Errorf("the page has no %q:\n%s", want, b)
+	if page := pageOf(t, s); !strings.Contains(page, want) {
+		t.Errorf("the page has no %q:\n%s", want, page)
 	}
 }
 
