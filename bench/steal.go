@@ -113,10 +113,14 @@ func (b *bench) steady(name string, f func() ([]result, error)) ([]result, float
 			return res, -1, nil // no /proc/stat: nothing to judge by
 		}
 		share := stealShare(before, after)
-		if share < bestShare {
+		kept := share < bestShare
+		if kept {
 			best, bestShare, bestTook = res, share, took
 		}
 		if b.maxSteal <= 0 || share <= b.maxSteal || attempt >= b.retakes || overBudget(time.Since(start)-bestTook) {
+			if !kept {
+				log.Printf("%s not kept, steal %.1f%%: %s", name, share, summary(res))
+			}
 			return best, bestShare, nil
 		}
 		b.results.retaken++
