@@ -51,6 +51,10 @@ func loadLog(file string) (*store, error) {
 			s.maxSteal, _ = strconv.ParseFloat(m[1], 64)
 			continue
 		}
+		if strings.HasSuffix(line, gaveUpText) {
+			s.stealGaveUp = true
+			continue
+		}
 		if retakenRe.MatchString(line) {
 			s.retaken++
 			continue

@@ -35,10 +35,12 @@ type store struct {
 	// log from before it was, where the report names the machine writing it instead.
 	machine string
 	// steal: the host's steal during each measurement kept, in percent; retaken: how
-	// many measurements were taken again for steal above maxSteal (steal.go).
-	steal    []float64
-	retaken  int
-	maxSteal float64
+	// many measurements were taken again for steal above maxSteal; stealGaveUp: the
+	// run stopped waiting and retaking (steal.go).
+	steal       []float64
+	retaken     int
+	maxSteal    float64
+	stealGaveUp bool
 }
 
 func newStore() *store {

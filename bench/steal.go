@@ -85,8 +85,9 @@ func (b *bench) steady(name string, f func() ([]result, error)) ([]result, float
 	overBudget := func(extra time.Duration) bool {
 		if !b.stealGaveUp && b.maxSteal > 0 && b.stealSpent+extra > b.measured+stealGrace {
 			b.stealGaveUp = true
-			log.Printf("waiting for the host and retaking have taken %v against %v of measurements kept: from now on measurements are kept as they come",
-				(b.stealSpent + extra).Round(time.Second), b.measured.Round(time.Second))
+			b.results.stealGaveUp = true
+			log.Printf("waiting for the host and retaking have taken %v against %v of measurements kept: %s",
+				(b.stealSpent + extra).Round(time.Second), b.measured.Round(time.Second), gaveUpText)
 		}
 		return b.stealGaveUp
 	}
@@ -127,6 +128,9 @@ func (b *bench) steady(name string, f func() ([]result, error)) ([]result, float
 		log.Printf("%s retaken, steal %.1f%%: %s", name, share, summary(res))
 	}
 }
+
+// gaveUpText ends the log line of a run that stopped waiting and retaking.
+const gaveUpText = "from now on measurements are kept as they come"
 
 // stealGrace: how much longer than the measurements kept waiting for the host and
 // retaking may take in a run before they stop (steady).
@@ -233,6 +237,9 @@ func (s *store) stealNote() string {
 			what = "1 measurement was"
 		}
 		note += fmt.Sprintf("; %s taken again because the host took more than %s of the machine", what, s.maxStealText())
+	}
+	if s.stealGaveUp {
+		note += "; the host stayed busy, and waiting for it and retaking stopped partway through the run, after which measurements were kept as they came"
 	}
 	return note + " (see bench/README.md, \"Steal\").\n\n"
 }

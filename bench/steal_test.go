@@ -96,14 +96,15 @@ func TestStealFromLog(t *testing.T) {
 		"07:00:10 0s untar muxfs rep 1 retaken, steal 19.2%: untar=337files/s rm -rf=9.7s\n"+
 		"07:00:40 0s untar muxfs rep 1: untar=574files/s rm -rf=8.06s (steal 0.2%)\n"+
 		"07:00:50 0s untar muxfs rep 2 not kept, steal 9.0%: untar=300files/s rm -rf=9.1s\n"+
-		"07:01:40 0s untar sshfs rep 1: untar=190files/s rm -rf=10.1s (steal 3.1%)\n")
+		"07:01:40 0s untar sshfs rep 1: untar=190files/s rm -rf=10.1s (steal 3.1%)\n"+
+		"07:09:00 waiting for the host and retaking have taken 7m19s against 1m49s of measurements kept: "+gaveUpText+"\n")
 	if v, ok := s.med(0, "untar", "untar", "muxfs"); !ok || v != 574 {
 		t.Errorf("muxfs untar read back as %v (%v): an attempt not kept counted", v, ok)
 	}
-	if s.retaken != 1 || len(s.steal) != 2 || s.maxSteal != 5 {
-		t.Errorf("read back retaken %d, steal %v, limit %v", s.retaken, s.steal, s.maxSteal)
+	if s.retaken != 1 || len(s.steal) != 2 || s.maxSteal != 5 || !s.stealGaveUp {
+		t.Errorf("read back retaken %d, steal %v, limit %v, gave up %v", s.retaken, s.steal, s.maxSteal, s.stealGaveUp)
 	}
-	want := "median 1.7%, at most 3.1%; 1 measurement was taken again because the host took more than 5% of the machine"
+	want := "median 1.7%, at most 3.1%; 1 measurement was taken again because the host took more than 5% of the machine; the host stayed busy, and waiting"
 	if page := pageOf(t, s); !strings.Contains(page, want) {
 		t.Errorf("the page has no %q:\n%s", want, page)
 	}
