@@ -35,9 +35,8 @@ type bench struct {
 	// made): tests.
 	stealClock func() (cpuTimes, bool)
 	// The time spent waiting for the host and on attempts not kept, and on the
-	// measurements kept; stealGaveUp: the first outgrew the second (steady).
+	// measurements kept (steady).
 	stealSpent, measured time.Duration
-	stealGaveUp          bool
 }
 
 func main() {

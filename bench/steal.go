@@ -14,14 +14,14 @@ import (
 )
 
 // The bench machine is a virtual machine, and its host takes CPU time from it in
-// spells of tens of seconds: /proc/stat's "steal", the time a virtual CPU wanted to
-// run and the host ran something else. Untarring 5,338 files onto muxfs (the bench
-// rig, 2026-11-26), the same binary ran at 522–624 files/s while the host took under
-// 2% of the machine and at 168–337 files/s while it took 19–41% (bench/README.md,
-// "Steal"). Such a measurement is of the host, not of the systems compared, and one
-// of them in three repetitions moves a median past a target's margin. So every measurement records the steal during it,
-// and one during which the host took more than maxSteal is taken again, the same rule
-// for every system.
+// spells: /proc/stat's "steal", the time a virtual CPU wanted to run and the host ran
+// something else. Untarring 5,338 files onto muxfs (the bench rig, 2026-11-26), the
+// same binary ran at 522–624 files/s while the host took under 2% of the machine and
+// at 168–337 files/s while it took 19–41% (bench/README.md, "Steal"). Such a
+// measurement is of the host, not of the systems compared, and one of them in three
+// repetitions moves a median past a target's margin. So every measurement records the
+// steal during it, and one during which the host took more than maxSteal is taken
+// again, the same rule for every system.
 
 // cpuTimes are the machine's CPU counters from /proc/stat, in clock ticks.
 type cpuTimes struct{ steal, total uint64 }
@@ -83,13 +83,12 @@ func (b *bench) steady(name string, f func() ([]result, error)) ([]result, float
 	}
 	start := time.Now()
 	overBudget := func(extra time.Duration) bool {
-		if !b.stealGaveUp && b.maxSteal > 0 && b.stealSpent+extra > b.measured+stealGrace {
-			b.stealGaveUp = true
+		if !b.results.stealGaveUp && b.maxSteal > 0 && b.stealSpent+extra > b.measured+stealGrace {
 			b.results.stealGaveUp = true
 			log.Printf("waiting for the host and retaking have taken %v against %v of measurements kept: %s",
 				(b.stealSpent + extra).Round(time.Second), b.measured.Round(time.Second), gaveUpText)
 		}
-		return b.stealGaveUp
+		return b.results.stealGaveUp
 	}
 	defer func() {
 		b.stealSpent += time.Since(start) - bestTook
@@ -97,7 +96,7 @@ func (b *bench) steady(name string, f func() ([]result, error)) ([]result, float
 		overBudget(0)
 	}()
 	for attempt := 0; ; attempt++ {
-		if b.maxSteal > 0 && !b.stealGaveUp {
+		if b.maxSteal > 0 && !b.results.stealGaveUp {
 			quiet()
 		}
 		t0 := time.Now()

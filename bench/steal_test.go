@@ -76,12 +76,12 @@ func TestStealBudget(t *testing.T) {
 	b := &bench{results: newStore(), maxSteal: 5, retakes: 2, stealClock: fakeSteal(20, 20, 20, 20, 20)}
 	run := func() ([]result, error) { time.Sleep(10 * time.Millisecond); return nil, nil }
 	b.steady("first", run)
-	if b.results.retaken != 2 || b.stealGaveUp {
-		t.Fatalf("first measurement: retaken %d, gave up %v", b.results.retaken, b.stealGaveUp)
+	if b.results.retaken != 2 || b.results.stealGaveUp {
+		t.Fatalf("first measurement: retaken %d, gave up %v", b.results.retaken, b.results.stealGaveUp)
 	}
 	b.stealSpent += stealGrace // as if the waits for the host had taken that long
-	if _, steal, _ := b.steady("second", run); steal != 20 || b.results.retaken != 2 || !b.stealGaveUp {
-		t.Fatalf("second measurement: steal %v, retaken %d, gave up %v", steal, b.results.retaken, b.stealGaveUp)
+	if _, steal, _ := b.steady("second", run); steal != 20 || b.results.retaken != 2 || !b.results.stealGaveUp {
+		t.Fatalf("second measurement: steal %v, retaken %d, gave up %v", steal, b.results.retaken, b.results.stealGaveUp)
 	}
 	b.steady("third", run)
 	if b.results.retaken != 2 {
