@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -229,7 +230,7 @@ func (s *store) stealNote() string {
 	if len(s.steal) == 0 {
 		return ""
 	}
-	note := fmt.Sprintf("Steal (the CPU time the host of this virtual machine took from it, /proc/stat) during the measurements kept: median %.1f%%, at most %.1f%%", median(s.steal), maxOf(s.steal))
+	note := fmt.Sprintf("Steal (the CPU time the host of this virtual machine took from it, /proc/stat) during the measurements kept: median %.1f%%, at most %.1f%%", median(s.steal), slices.Max(s.steal))
 	if s.retaken > 0 {
 		what := fmt.Sprintf("%d measurements were", s.retaken)
 		if s.retaken == 1 {
@@ -248,12 +249,4 @@ func (s *store) maxStealText() string {
 		return strconv.FormatFloat(s.maxSteal, 'g', -1, 64) + "%"
 	}
 	return "the limit (-max-steal)"
-}
-
-func maxOf(v []float64) float64 {
-	m := math.Inf(-1)
-	for _, x := range v {
-		m = math.Max(m, x)
-	}
-	return m
 }
