@@ -29,6 +29,7 @@ import (
 	"github.com/muxfs/muxfs/internal/fusefs"
 	"github.com/muxfs/muxfs/internal/mountinfo"
 	"github.com/muxfs/muxfs/internal/mux"
+	"github.com/muxfs/muxfs/internal/procs"
 )
 
 // readyFDEnv names the descriptor on which a background mount process reports to the
@@ -658,6 +659,7 @@ func serve(cfg *config.Config, onReady func(mp string) error) error {
 	} else {
 		defer stopControl()
 	}
+	go procs.Adapt(ctx, log)
 	log.Info("mounted", "mountpoint", cfg.Mountpoint, "sources", fsName(cfg))
 	if rep.background() {
 		rep.report(nil)

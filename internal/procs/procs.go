@@ -1,0 +1,116 @@
+// Package procs sets how many CPUs the mount's Go code may use at once (GOMAXPROCS)
+// from how busy the mount is: one while it is quiet, all of them while it is busy.
+//
+// Why: go-fuse reads each request from /dev/fuse with a blocking read(2), and a
+// goroutine blocked in a system call keeps its P (the runtime's right to run Go
+// code). While one P sits in such a read and another is idle, the runtime's monitor
+// thread (sysmon) does not take it back for 10 ms, and until then it wakes every
+// 20–70 µs to look again; every FUSE request that ends a quiet spell starts this
+// over. On a two-CPU virtual machine that monitor took half of muxfs' CPU time in a
+// build through the mount (docs/design.md, "The Go runtime's monitor thread"). With a
+// single P there is no idle P to wait for: the monitor takes the P back at once and
+// sleeps until the next request, and muxfs' CPU time in the build fell by a third to
+// a half. A single P also caps what muxfs can do in parallel — decrypting several
+// sessions' streams, answering many requests at once — so the controller gives the
+// mount every CPU back as soon as it uses more than half of one.
+package procs
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"runtime"
+	"syscall"
+	"time"
+)
+
+// Thresholds, as the share of one CPU that the process used over an interval. The
+// gap between them keeps a load near either from switching at every interval.
+const (
+	interval = 250 * time.Millisecond
+	busyAt   = 0.5 // above: every CPU, at the next interval
+	quietAt  = 0.2 // below for quietFor in a row: one CPU
+	quietFor = 4   // intervals (one second)
+)
+
+// controller decides; Adapt feeds it the process' CPU time and applies its verdicts.
+type controller struct {
+	max   int // the runtime's default: what a busy mount gets
+	cur   int
+	quiet int // intervals in a row below quietAt
+}
+
+// step takes the CPU time the process used during the last interval of length d and
+// returns the number of Ps to run with.
+func (c *controller) step(used, d time.Duration) int {
+	share := float64(used) / float64(d)
+	switch {
+	case share > busyAt:
+		c.quiet = 0
+		c.cur = c.max
+	case share < quietAt:
+		c.quiet++
+		if c.quiet >= quietFor {
+			c.cur = 1
+		}
+	default:
+		c.quiet = 0
+	}
+	return c.cur
+}
+
+// Adapt runs until ctx ends, setting GOMAXPROCS as the package comment explains. It
+// does nothing when the user set GOMAXPROCS in the environment, or when there is one
+// CPU anyway.
+func Adapt(ctx context.Context, log *slog.Logger) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		return
+	}
+	c := &controller{max: runtime.GOMAXPROCS(0)}
+	c.cur = c.max
+	if c.max <= 1 {
+		return
+	}
+	last, ok := cpuTime()
+	if !ok {
+		return
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	before := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			used, ok := cpuTime()
+			if !ok {
+				return
+			}
+			was := c.cur
+			if n := c.step(used-last, now.Sub(before)); n != was {
+				// A change stops the world for a moment; the hysteresis makes it rare.
+				if n == 1 {
+					runtime.GOMAXPROCS(1)
+				} else {
+					// The default again, and the runtime's own updates of it (a
+					// container's CPU limit changing) with it.
+					runtime.SetDefaultGOMAXPROCS()
+					c.max = runtime.GOMAXPROCS(0)
+					c.cur = c.max
+				}
+				log.Debug("GOMAXPROCS", "from", was, "to", c.cur)
+			}
+			last, before = used, now
+		}
+	}
+}
+
+// cpuTime is the CPU time (user and system) the process has used so far.
+func cpuTime() (time.Duration, bool) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, false
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
+}
