@@ -63,27 +63,29 @@ func (c *controller) step(used, d time.Duration) int {
 // does nothing when the user set GOMAXPROCS in the environment, or when there is one
 // CPU anyway.
 func Adapt(ctx context.Context, log *slog.Logger) {
-	if os.Getenv("GOMAXPROCS") != "" {
-		return
-	}
-	c := &controller{max: runtime.GOMAXPROCS(0)}
-	c.cur = c.max
-	if c.max <= 1 {
-		return
-	}
-	last, ok := cpuTime()
-	if !ok {
+	if os.Getenv("GOMAXPROCS") != "" || runtime.GOMAXPROCS(0) <= 1 {
 		return
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	adapt(ctx, log, cpuTime, t.C)
+}
+
+// adapt applies the controller's verdicts at every tick, from the CPU time cpu reports.
+func adapt(ctx context.Context, log *slog.Logger, cpu func() (time.Duration, bool), ticks <-chan time.Time) {
+	c := &controller{max: runtime.GOMAXPROCS(0)}
+	c.cur = c.max
+	last, ok := cpu()
+	if !ok {
+		return
+	}
 	before := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-t.C:
-			used, ok := cpuTime()
+		case now := <-ticks:
+			used, ok := cpu()
 			if !ok {
 				return
 			}

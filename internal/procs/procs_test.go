@@ -3,7 +3,6 @@ package procs
 import (
 	"context"
 	"log/slog"
-	"os"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -46,35 +45,43 @@ func TestStep(t *testing.T) {
 	}
 }
 
-// TestAdapt runs the controller on this process: quiet, it drops to one P; made
-// busy, it gets every P back.
+// TestAdapt drives the loop that applies the controller's verdicts with a made-up
+// CPU clock: quiet, the process drops to one P; busy, it gets every P back.
 func TestAdapt(t *testing.T) {
-	max := runtime.GOMAXPROCS(0)
-	if max < 2 || os.Getenv("GOMAXPROCS") != "" {
-		t.Skip("needs two CPUs and GOMAXPROCS unset")
+	all := runtime.GOMAXPROCS(0)
+	if all < 2 {
+		t.Skip("needs two CPUs")
 	}
 	defer runtime.SetDefaultGOMAXPROCS()
+	var used atomic.Int64 // the made-up CPU time, in ns
+	ticks := make(chan time.Time)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { Adapt(ctx, slog.New(slog.DiscardHandler)); close(done) }()
-	defer func() { cancel(); <-done }()
-	waitFor := func(want int) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for runtime.GOMAXPROCS(0) != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("GOMAXPROCS %d after 5 s, want %d", runtime.GOMAXPROCS(0), want)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	waitFor(1)
-	// Busy: a goroutine that keeps a CPU to itself.
-	var stop atomic.Bool
-	defer stop.Store(true)
 	go func() {
-		for !stop.Load() {
-		}
+		adapt(ctx, slog.New(slog.DiscardHandler), func() (time.Duration, bool) {
+			return time.Duration(used.Load()), true
+		}, ticks)
+		close(done)
 	}()
-	waitFor(max)
+	defer func() { cancel(); <-done }()
+	now := time.Now()
+	// tick ends an interval of the given CPU share; the loop has applied its
+	// verdict once it takes the next tick.
+	tick := func(share float64) {
+		now = now.Add(interval)
+		used.Add(int64(share * float64(interval)))
+		ticks <- now
+	}
+	for range quietFor {
+		tick(0.01)
+	}
+	tick(0.01)
+	if n := runtime.GOMAXPROCS(0); n != 1 {
+		t.Fatalf("quiet: GOMAXPROCS %d, want 1", n)
+	}
+	tick(0.9)
+	tick(0.9)
+	if n := runtime.GOMAXPROCS(0); n != all {
+		t.Fatalf("busy: GOMAXPROCS %d, want %d", n, all)
+	}
 }
