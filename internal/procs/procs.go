@@ -33,7 +33,7 @@ const (
 	quietFor = 4   // intervals (one second)
 )
 
-// controller decides; Adapt feeds it the process' CPU time and applies its verdicts.
+// controller decides; adapt feeds it the process' CPU time and applies its verdicts.
 type controller struct {
 	max   int // the runtime's default: what a busy mount gets
 	cur   int
