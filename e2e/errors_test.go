@@ -234,29 +234,11 @@ func mountHelperServer(t *testing.T, e *env, helper, opts, source string) (strin
 	}
 	t.Cleanup(stop)
 	deadline := time.Now().Add(20 * time.Second)
-	for !isMounted(mp) {
+	for !ready(mp, log) {
 		if time.Now().After(deadline) {
 			t.Fatalf("mount did not come up:\n%s", log.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	return mp, log, stop
-}
-
-// lockedLog collects a child's output while the test reads it.
-type lockedLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -125,9 +126,9 @@ func (e *env) mountAt(mp string, args ...string) *exec.Cmd {
 	full := append([]string{"-f", "-o", e.sshOpts()}, args...)
 	full = append(full, mp)
 	cmd := exec.Command(muxfsBin, full...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	cmd.Stdout = &stderr
+	stderr := &lockedLog{}
+	cmd.Stderr = stderr
+	cmd.Stdout = stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		e.t.Fatal(err)
@@ -149,7 +150,7 @@ func (e *env) mountAt(mp string, args ...string) *exec.Cmd {
 	})
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		if isMounted(mp) {
+		if ready(mp, stderr) {
 			return cmd
 		}
 		select {
@@ -161,6 +162,32 @@ func (e *env) mountAt(mp string, args ...string) *exec.Cmd {
 	}
 	e.t.Fatalf("mount did not come up within 20 s:\n%s", stderr.String())
 	return nil
+}
+
+// ready reports whether a foreground muxfs has finished mounting mp. The mount shows in
+// mountinfo before muxfs is done with it: go-fuse then opens a file in it (its epoll
+// workaround), and an unmount in that moment fails with EBUSY. muxfs logs "mounted"
+// once that is over.
+func ready(mp string, log *lockedLog) bool {
+	return isMounted(mp) && strings.Contains(log.String(), "msg=mounted ")
+}
+
+// lockedLog collects a child's output while the test reads it.
+type lockedLog struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func unmountQuietly(mp string) {

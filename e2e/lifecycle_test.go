@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -90,13 +89,13 @@ func TestSignalsUnmount(t *testing.T) {
 		t.Run(fmt.Sprint(sig), func(t *testing.T) {
 			mp := e.mountpoint()
 			cmd := exec.Command(muxfsBin, "-f", "-o", e.sshOpts(), e.source(0, ""), mp)
-			var log bytes.Buffer
-			cmd.Stderr = &log
+			log := &lockedLog{}
+			cmd.Stderr = log
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { unmountQuietly(mp) })
-			for deadline := time.Now().Add(20 * time.Second); !isMounted(mp); time.Sleep(20 * time.Millisecond) {
+			for deadline := time.Now().Add(20 * time.Second); !ready(mp, log); time.Sleep(20 * time.Millisecond) {
 				if time.Now().After(deadline) {
 					cmd.Process.Kill() //nolint:errcheck
 					t.Fatalf("no mount:\n%s", log.String())
