@@ -3,6 +3,7 @@ package e2e
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -271,5 +272,71 @@ func TestDemo(t *testing.T) {
 	}
 	if _, err := exec.LookPath("cc"); err == nil && !strings.Contains(string(out), "\n42\n") {
 		t.Errorf("demo build step did not print 42:\n%s", out)
+	}
+}
+
+// TestSystemdNotify: under a systemd service of Type=notify (NOTIFY_SOCKET set), a
+// foreground muxfs says READY=1 once the mount serves — an unmount at that moment
+// succeeds — and STOPPING=1 when it is unmounted.
+func TestSystemdNotify(t *testing.T) {
+	e := newEnv(t, 1)
+	sock := filepath.Join(t.TempDir(), "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	mp := e.mountpoint()
+	cmd := exec.Command(muxfsBin, "-f", "-o", e.sshOpts(), e.source(0, ""), mp)
+	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+sock)
+	log := &lockedLog{}
+	cmd.Stderr = log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		unmountQuietly(mp)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill() //nolint:errcheck
+		}
+	})
+	// next returns the next notification that is not only a STATUS line.
+	next := func() string {
+		t.Helper()
+		buf := make([]byte, 4096)
+		for {
+			conn.SetReadDeadline(time.Now().Add(20 * time.Second)) //nolint:errcheck
+			n, err := conn.Read(buf)
+			if err != nil {
+				t.Fatalf("no notification from muxfs (%v); log:\n%s", err, log.String())
+			}
+			if msg := string(buf[:n]); !strings.HasPrefix(msg, "STATUS=") {
+				return msg
+			}
+		}
+	}
+	if msg := next(); !strings.HasPrefix(msg, "READY=1\n") || !strings.Contains(msg, "STATUS=serving") {
+		t.Fatalf("first notification %q, want READY=1 with a STATUS", msg)
+	}
+	if !isMounted(mp) {
+		t.Fatal("READY=1 before the mount is there")
+	}
+	if out, err := exec.Command("fusermount3", "-u", mp).CombinedOutput(); err != nil {
+		t.Fatalf("unmount right after READY=1: %v %s", err, out)
+	}
+	if msg := next(); !strings.HasPrefix(msg, "STOPPING=1\n") {
+		t.Errorf("notification after the unmount %q, want STOPPING=1", msg)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("exit after unmount: %v\n%s", err, log.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("muxfs still running 10 s after the unmount")
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/daemon"
 	"golang.org/x/term"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -596,6 +597,7 @@ func serve(cfg *config.Config, onReady func(mp string) error) error {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer cancel()
+	notifySystemd(log, "STATUS=connecting to "+fsName(cfg))
 	table, m, err := openBackends(ctx, cfg, log, rep.background())
 	if err != nil {
 		return fail(err)
@@ -661,6 +663,7 @@ func serve(cfg *config.Config, onReady func(mp string) error) error {
 	}
 	go procs.Adapt(ctx, log)
 	log.Info("mounted", "mountpoint", cfg.Mountpoint, "sources", fsName(cfg))
+	notifySystemd(log, daemon.SdNotifyReady+"\nSTATUS=serving "+fsName(cfg)+" at "+cfg.Mountpoint)
 	if rep.background() {
 		rep.report(nil)
 		detach()
@@ -683,6 +686,7 @@ func serve(cfg *config.Config, onReady func(mp string) error) error {
 	}
 	server.Wait()
 	close(stop)
+	notifySystemd(log, daemon.SdNotifyStopping+"\nSTATUS=unmounted")
 	log.Info("unmounted", "mountpoint", cfg.Mountpoint)
 	return readyErr
 }
@@ -700,6 +704,15 @@ func unmount(server *fuse.Server, mp string, log *slog.Logger) {
 		if out, err := exec.Command("fusermount3", "-u", "-z", mp).CombinedOutput(); err != nil {
 			log.Error("lazy unmount failed", "mountpoint", mp, "err", err, "output", strings.TrimSpace(string(out)))
 		}
+	}
+}
+
+// notifySystemd tells a systemd service of Type=notify how the mount is going
+// (sd_notify(3)): READY=1 once the mount serves, so that units ordered after it find
+// it mounted. Without $NOTIFY_SOCKET it does nothing.
+func notifySystemd(log *slog.Logger, state string) {
+	if _, err := daemon.SdNotify(false, state); err != nil {
+		log.Warn("cannot notify systemd", "err", err)
 	}
 }
 
