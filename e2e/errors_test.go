@@ -207,7 +207,7 @@ func TestBrokenServer(t *testing.T) {
 // running helper (a fake server, see helper_test.go), with more -o options opts. It
 // returns the mount point, muxfs' log, and a function that unmounts and waits for
 // muxfs to exit (also run at cleanup).
-func mountHelperServer(t *testing.T, e *env, helper, opts, source string) (string, *lockedLog, func()) {
+func mountHelperServer(t *testing.T, e *env, helper, opts, source string) (string, *sshd.LockedBuffer, func()) {
 	t.Helper()
 	mp := e.mountpoint()
 	self, err := os.Executable()
@@ -220,7 +220,7 @@ func mountHelperServer(t *testing.T, e *env, helper, opts, source string) (strin
 	}
 	cmd := exec.Command(muxfsBin, "-f", "-o", o, source, mp)
 	cmd.Env = append(os.Environ(), "MUXFS_TEST_HELPER="+helper)
-	log := &lockedLog{}
+	log := &sshd.LockedBuffer{}
 	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

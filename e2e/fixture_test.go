@@ -3,13 +3,11 @@
 package e2e
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -126,7 +124,7 @@ func (e *env) mountAt(mp string, args ...string) *exec.Cmd {
 	full := append([]string{"-f", "-o", e.sshOpts()}, args...)
 	full = append(full, mp)
 	cmd := exec.Command(muxfsBin, full...)
-	stderr := &lockedLog{}
+	stderr := &sshd.LockedBuffer{}
 	cmd.Stderr = stderr
 	cmd.Stdout = stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -168,26 +166,8 @@ func (e *env) mountAt(mp string, args ...string) *exec.Cmd {
 // mountinfo before muxfs is done with it: go-fuse then opens a file in it (its epoll
 // workaround), and an unmount in that moment fails with EBUSY. muxfs logs "mounted"
 // once that is over.
-func ready(mp string, log *lockedLog) bool {
+func ready(mp string, log *sshd.LockedBuffer) bool {
 	return isMounted(mp) && strings.Contains(log.String(), "msg=mounted ")
-}
-
-// lockedLog collects a child's output while the test reads it.
-type lockedLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func unmountQuietly(mp string) {

@@ -90,7 +90,7 @@ func TestSignalsUnmount(t *testing.T) {
 		t.Run(fmt.Sprint(sig), func(t *testing.T) {
 			mp := e.mountpoint()
 			cmd := exec.Command(muxfsBin, "-f", "-o", e.sshOpts(), e.source(0, ""), mp)
-			log := &lockedLog{}
+			log := &sshd.LockedBuffer{}
 			cmd.Stderr = log
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
@@ -289,7 +289,7 @@ func TestSystemdNotify(t *testing.T) {
 	mp := e.mountpoint()
 	cmd := exec.Command(muxfsBin, "-f", "-o", e.sshOpts(), e.source(0, ""), mp)
 	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+sock)
-	log := &lockedLog{}
+	log := &sshd.LockedBuffer{}
 	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

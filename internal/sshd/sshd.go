@@ -71,22 +71,23 @@ type Server struct {
 	User string
 	cmd  *exec.Cmd
 	done chan struct{}
-	log  *lockedBuffer
+	log  *LockedBuffer
 }
 
-// lockedBuffer collects sshd's output while it runs.
-type lockedBuffer struct {
+// LockedBuffer collects a child process's output (sshd's, a test's muxfs) while it
+// runs and others read it.
+type LockedBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (l *lockedBuffer) Write(p []byte) (int, error) {
+func (l *LockedBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
 
-func (l *lockedBuffer) String() string {
+func (l *LockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
@@ -159,7 +160,7 @@ func StartFor(dir string, keys *Keys, login string) (*Server, error) {
 		if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
 			return nil, err
 		}
-		s := &Server{Dir: dir, Port: port, User: login, log: &lockedBuffer{}}
+		s := &Server{Dir: dir, Port: port, User: login, log: &LockedBuffer{}}
 		if err := s.start(sshdPath); err != nil {
 			return nil, err
 		}
