@@ -12,7 +12,8 @@
 // look and then sleeps until a request wakes it, so it wakes less than half as often
 // (about 4,800 times against 12,000 in a build) and muxfs' CPU time in the build fell
 // by a third to a half. It still polls around each request's blocking reads, which
-// only reading /dev/fuse through the runtime's poller (a fork of go-fuse) would end. A single P also caps what muxfs can do in parallel — decrypting several
+// only reading /dev/fuse through the runtime's poller (a fork of go-fuse) would end.
+// A single P also caps what muxfs can do in parallel — decrypting several
 // sessions' streams, answering many requests at once — so the controller gives the
 // mount every CPU back as soon as it uses more than half of one.
 package procs
