@@ -1377,11 +1377,14 @@ func (st *Store) ForgetTree(dir string) {
 		}
 		return nil
 	})
+	// The prefix is made once: a walk's rmdirs each scan every save still pending,
+	// thousands in an `rm -rf`, and a concatenation per key was most of that scan.
+	below := dir + "/"
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for kind, m := range st.saves {
 		for p := range m {
-			if dir == "" || p == dir || strings.HasPrefix(p, dir+"/") {
+			if dir == "" || p == dir || strings.HasPrefix(p, below) {
 				m[p] = nil
 			}
 		}
