@@ -606,6 +606,18 @@ func TestSymlinkTargetsStored(t *testing.T) {
 	if _, ok := st.LoadAttr("d"); !ok {
 		t.Error("ForgetListing dropped the directory's attributes")
 	}
+	// Saves still pending (not committed) are forgotten by the same rule: a sibling
+	// whose name starts with the directory's is not below it.
+	for _, p := range []string{"e", "e/l", "e/f/l", "ef/l"} {
+		st.SaveLink(p, "to-"+p)
+	}
+	st.ForgetTree("e")
+	st.flush()
+	for p, kept := range map[string]bool{"e": false, "e/l": false, "e/f/l": false, "ef/l": true} {
+		if _, ok := st.LoadLink(p); ok != kept {
+			t.Errorf("pending %s: stored %v after forgetting e's tree, want %v", p, ok, kept)
+		}
+	}
 }
 
 // TestSmallFileHeldUntilCommit: a small file's data is kept in memory, served from
