@@ -1359,10 +1359,14 @@ func (st *Store) ForgetListing(dir string) {
 // ForgetTree drops the stored listings, attributes and symlink targets at and below
 // dir ("" is everything).
 func (st *Store) ForgetTree(dir string) {
+	// Made once: an `rm -rf` makes an rmdir per directory, and each scans every save
+	// still pending (thousands); a concatenation per pending key was about half of
+	// that scan's time.
+	below := dir + "/"
 	// The stored keys at and below dir, per metadata bucket, read in one transaction.
 	var stored [metaKinds][]string
 	st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error leaves nothing to drop
-		prefix := []byte(dir + "/")
+		prefix := []byte(below)
 		if dir == "" {
 			prefix = nil
 		}
@@ -1377,9 +1381,6 @@ func (st *Store) ForgetTree(dir string) {
 		}
 		return nil
 	})
-	// The prefix is made once: a walk's rmdirs each scan every save still pending,
-	// thousands in an `rm -rf`, and a concatenation per key was most of that scan.
-	below := dir + "/"
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for kind, m := range st.saves {
