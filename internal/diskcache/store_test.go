@@ -549,8 +549,8 @@ func TestRootListingPersists(t *testing.T) {
 	st.flush()
 	st.mu.Lock()
 	queued := 0
-	for _, m := range st.saves {
-		queued += len(m)
+	for _, q := range st.saves {
+		queued += q.len()
 	}
 	st.mu.Unlock()
 	if queued != 0 {
@@ -617,6 +617,22 @@ func TestSymlinkTargetsStored(t *testing.T) {
 		if _, ok := st.LoadLink(p); ok != kept {
 			t.Errorf("pending %s: stored %v after forgetting e's tree, want %v", p, ok, kept)
 		}
+	}
+	// Before the commit, a queued deletion hides the stored value, and a value saved
+	// again after it is the one loaded, then committed.
+	st.SaveLink("g/l", "old")
+	st.flush()
+	st.ForgetTree("g")
+	if got, ok := st.LoadLink("g/l"); ok {
+		t.Errorf("forgotten g/l loaded before the commit: %q", got)
+	}
+	st.SaveLink("g/l", "new")
+	if got, ok := st.LoadLink("g/l"); !ok || got != "new" {
+		t.Errorf("g/l saved again after its deletion was queued: %q %v", got, ok)
+	}
+	st.flush()
+	if got, ok := st.LoadLink("g/l"); !ok || got != "new" {
+		t.Errorf("g/l saved again after its deletion was queued, committed: %q %v", got, ok)
 	}
 }
 
