@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"log"
 	"os"
 	"os/exec"
@@ -41,8 +42,8 @@ type bench struct {
 
 func main() {
 	var (
-		sysList  = flag.String("systems", "local,sshfs,sshfs-tuned,rclone,rclone-full,muxfs,muxfs-nocto,muxfs-ssh", "systems to measure")
-		wlList   = flag.String("workloads", "seq,rand,tree,bonnie,untar,build", "workloads to run")
+		sysList  = flag.String("systems", "local,sshfs,sshfs-tuned,rclone,rclone-full,mergerfs,muxfs,muxfs-nocto,muxfs-ssh", "systems to measure")
+		wlList   = flag.String("workloads", "seq,rand,tree,union,bonnie,untar,build", "workloads to run")
 		rttList  = flag.String("rtt", "0,2,20", "added round-trip times in ms")
 		reps     = flag.Int("reps", 3, "repetitions of each measurement (median reported)")
 		seqMiB   = flag.Int("seq-mib", 128, "size of the sequential I/O file in MiB")
@@ -186,6 +187,9 @@ func (b *bench) prepare() error {
 	if _, _, err := sh(fmt.Sprintf("tar -cf %s -C %s tree", b.treeTar, shared)); err != nil {
 		return err
 	}
+	if err := splitTree(filepath.Join(shared, "tree"), filepath.Join(shared, "union")); err != nil {
+		return err
+	}
 	lua, err := fetchLua(b.env.root)
 	if err != nil {
 		return err
@@ -193,6 +197,37 @@ func (b *bench) prepare() error {
 	b.luaTar = lua
 	log.Printf("prepared: tree of %d entries, %s", b.treeFiles, filepath.Base(lua))
 	return nil
+}
+
+// splitTree makes the union workload's data in dir: the tree as two members a and b
+// (two servers' halves), each with every directory of the tree and every other file of
+// it, and the whole tree again beside them (dir/tree, what the local system walks).
+// Files are hard links to the tree's: the same bytes, no copy.
+func splitTree(tree, dir string) error {
+	i := 0
+	return filepath.WalkDir(tree, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(filepath.Dir(tree), p)
+		if err != nil {
+			return err
+		}
+		member := []string{"a", "b"}[i%2]
+		if d.IsDir() {
+			for _, top := range []string{"a", "b", ""} {
+				if err := os.MkdirAll(filepath.Join(dir, top, rel), 0o755); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		i++
+		if err := os.Link(p, filepath.Join(dir, member, rel)); err != nil {
+			return err
+		}
+		return os.Link(p, filepath.Join(dir, rel))
+	})
 }
 
 // fetchLua downloads Lua 5.4's source from Debian (a private apt state: the machine's
@@ -270,15 +305,18 @@ func inTurn(systems []system, reps int, run func(sys system, rep int) bool, afte
 // rep; it says whether it succeeded.
 func (b *bench) measure(w workload, sys system, rtt time.Duration, rep int) bool {
 	dir := filepath.Join(b.data, sys.name)
-	if w.name == "tree" || w.name == "warm" {
+	switch w.name {
+	case "tree", "warm":
 		dir = filepath.Join(b.data, "shared")
+	case "union":
+		dir = filepath.Join(b.data, "shared", "union")
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		fatal(err)
 	}
 	name := fmt.Sprintf("%v %s %s rep %d", rtt, w.name, sys.name, rep+1)
 	res, steal, err := b.steady(name, func() ([]result, error) {
-		s, err := b.env.open(sys, rtt, dir)
+		s, err := b.env.open(sys, rtt, dir, w.name == "union")
 		if err != nil {
 			return nil, err
 		}
@@ -374,6 +412,8 @@ func (b *bench) serve(rtts []time.Duration) {
 		fmt.Printf("  %s --cache-dir %s -o %s sftp://%s@127.0.0.1:%d%s MOUNTPOINT\n",
 			e.muxfs, e.muxfsCache(), strings.Join(e.sshOpts(), ","), e.server.User, port, b.data)
 		fmt.Printf("  sshfs -o %s %s@127.0.0.1:%s MOUNTPOINT\n", sshfsOpts(e, port, ""), e.server.User, b.data)
+		union := filepath.Join(b.data, "shared", "union")
+		fmt.Printf("  union: muxfs as above with the sources %s/a and %s/b; mergerfs over sshfs mounts of both: mergerfs MP-A:MP-B MOUNTPOINT\n", union, union)
 	}
 	fmt.Println("\nCtrl-C ends the rig (and unmounts what is still mounted in it).")
 	select {} // until the teardown's signal handler ends the process

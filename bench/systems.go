@@ -25,8 +25,12 @@ type system struct {
 	// only, if set, names the workloads the system is measured in (no row elsewhere).
 	only []string
 	// mount mounts remote dir at mp, reaching the server on port (muxfs systems are
-	// mounted by session.mount).
+	// mounted by session.mount). For the union workload dir holds the members a and
+	// b, merged at mp.
 	mount func(e *env, port int, dir, mp string) error
+	// parts are mount points the system makes besides mp (mergerfs' members), unmounted
+	// after it.
+	parts func(mp string) []string
 	// diskCache, if set, is where the system mounted at mp keeps file data on local
 	// disk across mounts; a cold mount starts with it empty, as muxfs' does.
 	diskCache func(e *env, mp string) string
@@ -52,6 +56,9 @@ var systems = []system{
 	{name: "rclone", mount: func(e *env, port int, dir, mp string) error { return rcloneMount(e, port, dir, mp, "off") }},
 	{name: "rclone-full", mount: func(e *env, port int, dir, mp string) error { return rcloneMount(e, port, dir, mp, "full") },
 		diskCache: rcloneCache},
+	// What users union several servers with today: mergerfs (its defaults) over one
+	// sshfs mount (its defaults) per server.
+	{name: "mergerfs", only: []string{"union"}, mount: mergerfsMount, parts: mergerfsParts},
 	{name: "muxfs", muxfs: true},
 	// Close-to-open off (opt-in): what muxfs does for a walk of opens without a
 	// round trip at each.
@@ -62,10 +69,35 @@ var systems = []system{
 }
 
 // muxfsMount mounts muxfs with its defaults and its persistent cache in the bench's
-// directory; extra are more -o options.
-func muxfsMount(e *env, port int, dir, mp string, extra ...string) error {
-	opts := strings.Join(append(e.sshOpts(), extra...), ",")
-	return run(e.muxfs, "--cache-dir", e.muxfsCache(), "-o", opts, fmt.Sprintf("sftp://%s@127.0.0.1:%d%s", e.server.User, port, dir), mp)
+// directory, the union of dirs in their order; extra are more -o options.
+func muxfsMount(e *env, port int, dirs []string, mp string, extra ...string) error {
+	args := []string{"--cache-dir", e.muxfsCache(), "-o", strings.Join(append(e.sshOpts(), extra...), ",")}
+	for _, dir := range dirs {
+		args = append(args, fmt.Sprintf("sftp://%s@127.0.0.1:%d%s", e.server.User, port, dir))
+	}
+	return run(e.muxfs, append(args, mp)...)
+}
+
+// unionMembers are the directories of the union workload's two members on the
+// server, below its directory dir (see bench.splitTree).
+func unionMembers(dir string) []string {
+	return []string{filepath.Join(dir, "a"), filepath.Join(dir, "b")}
+}
+
+// mergerfsParts are the sshfs mounts that mergerfs at mp merges, one per member.
+func mergerfsParts(mp string) []string { return []string{mp + "-a", mp + "-b"} }
+
+func mergerfsMount(e *env, port int, dir, mp string) error {
+	parts := mergerfsParts(mp)
+	for i, member := range unionMembers(dir) {
+		if err := os.MkdirAll(parts[i], 0o755); err != nil {
+			return err
+		}
+		if err := run("sshfs", "-o", sshfsOpts(e, port, ""), fmt.Sprintf("%s@127.0.0.1:%s", e.server.User, member), parts[i]); err != nil {
+			return err
+		}
+	}
+	return run("mergerfs", strings.Join(parts, ":"), mp)
 }
 
 // muxfsCaches holds muxfs' persistent cache directories.
@@ -154,13 +186,16 @@ type session struct {
 	port int
 	dir  string // on the server
 	mp   string // where the workload runs
+	// union: the system is mounted as the union of dir's members a and b (the union
+	// workload), not as dir.
+	union bool
 	// round is the repetition this session runs, for workloads that change the
 	// order of their readings from one to the next.
 	round int
 }
 
-func (e *env) open(sys system, rtt time.Duration, dir string) (*session, error) {
-	s := &session{e: e, sys: sys, port: e.proxies[rtt], dir: dir, mp: dir}
+func (e *env) open(sys system, rtt time.Duration, dir string, union bool) (*session, error) {
+	s := &session{e: e, sys: sys, port: e.proxies[rtt], dir: dir, mp: dir, union: union}
 	if sys.local {
 		return s, nil
 	}
@@ -178,7 +213,7 @@ func (s *session) remount() error {
 		dropCaches()
 		return nil
 	}
-	unmount(s.mp)
+	s.unmount()
 	if s.sys.muxfs {
 		// Cold means nothing cached: a new, empty directory. Deleting the last one
 		// here would put the file system's work of freeing it (hundreds of MiB at
@@ -202,9 +237,23 @@ func (s *session) remount() error {
 // mount mounts the session's system; extra are more muxfs -o options.
 func (s *session) mount(extra ...string) error {
 	if s.sys.muxfs {
-		return muxfsMount(s.e, s.port, s.dir, s.mp, append(slices.Clone(s.sys.opts), extra...)...)
+		dirs := []string{s.dir}
+		if s.union {
+			dirs = unionMembers(s.dir)
+		}
+		return muxfsMount(s.e, s.port, dirs, s.mp, append(slices.Clone(s.sys.opts), extra...)...)
 	}
 	return s.sys.mount(s.e, s.port, s.dir, s.mp)
+}
+
+// unmount unmounts the session's system and the mounts it is made of.
+func (s *session) unmount() {
+	unmount(s.mp)
+	if s.sys.parts != nil {
+		for _, p := range s.sys.parts(s.mp) {
+			unmount(p)
+		}
+	}
 }
 
 // remountKeeping is a fresh mount with dropped page caches that keeps muxfs'
@@ -215,7 +264,7 @@ func (s *session) remountKeeping(extra ...string) error {
 		dropCaches()
 		return nil
 	}
-	unmount(s.mp)
+	s.unmount()
 	dropCaches()
 	if err := s.mount(extra...); err != nil {
 		return err
@@ -225,7 +274,7 @@ func (s *session) remountKeeping(extra ...string) error {
 
 func (s *session) close() {
 	if !s.sys.local {
-		unmount(s.mp)
+		s.unmount()
 	}
 	if s.sys.muxfs {
 		os.RemoveAll(s.e.muxfsCaches()) //nolint:errcheck // the next session mounts a new one

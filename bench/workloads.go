@@ -45,6 +45,14 @@ var workloads = []workload{
 			}
 			return ""
 		}},
+	{name: "union", desc: "the source tree split between two servers (every directory on both, every other file on each) and merged at the mount point, each name listed once: find, ls -lR, du -s, grep -r as in tree, cold and hot; mergerfs (defaults) over one sshfs mount (defaults) per member, against muxfs given both members as sources; local walks the whole tree in one directory",
+		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: treeWorkload,
+		skip: func(sys string, rtt time.Duration) string {
+			if sys != "local" && sys != "mergerfs" && !strings.HasPrefix(sys, "muxfs") {
+				return "the union workload compares muxfs' union with mergerfs over sshfs"
+			}
+			return ""
+		}},
 	{name: "bonnie", desc: "bonnie++ 2.00 (the tool of the SDS seed), one run per repetition: 1 MiB written and read per character (one system call per byte), a 512 MiB file written in blocks, rewritten, read per character and in blocks, random seeks; then 2,048 empty files created, stat'ed and deleted in sequential and in random order. A figure bonnie++ prints as +++++ (done in under half a second: too fast to time) is left out",
 		at: func(rtt time.Duration) bool { return rtt == 0 }, run: bonnieWorkload},
 	{name: "untar", desc: "untar the same tree onto the mount, then rm -rf it",
@@ -366,7 +374,8 @@ func randWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 	return res, nil
 }
 
-// treeWorkload runs on the shared read-only copy of the tree.
+// treeWorkload runs on the shared read-only copy of the tree, or on the union of its
+// two halves (the union workload).
 func treeWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 	tree := filepath.Join(s.mp, "tree")
 	cmds := []struct{ name, script string }{
