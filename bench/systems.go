@@ -62,7 +62,7 @@ var systems = []system{
 	{name: "muxfs", muxfs: true},
 	// Close-to-open off (opt-in): what muxfs does for a walk of opens without a
 	// round trip at each.
-	{name: "muxfs-nocto", muxfs: true, opts: []string{"nocto"}, only: []string{"tree", "build", "warm"}},
+	{name: "muxfs-nocto", muxfs: true, opts: []string{"nocto"}, only: []string{"tree", "union", "build", "warm"}},
 	// Always through the ssh program (muxfs' only transport before 2026-11-25): what
 	// the in-process transport gains, where a round trip or CPU per byte counts.
 	{name: "muxfs-ssh", muxfs: true, opts: []string{"transport=ssh"}, only: []string{"seq", "rand", "tree", "untar"}},
