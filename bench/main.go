@@ -42,7 +42,7 @@ type bench struct {
 
 func main() {
 	var (
-		sysList  = flag.String("systems", "local,sshfs,sshfs-tuned,rclone,rclone-full,mergerfs,muxfs,muxfs-nocto,muxfs-ssh", "systems to measure")
+		sysList  = flag.String("systems", "local,sshfs,sshfs-tuned,rclone,rclone-full,mergerfs,mergerfs-tuned,muxfs,muxfs-nocto,muxfs-ssh", "systems to measure")
 		wlList   = flag.String("workloads", "seq,rand,tree,union,bonnie,untar,build", "workloads to run")
 		rttList  = flag.String("rtt", "0,2,20", "added round-trip times in ms")
 		reps     = flag.Int("reps", 3, "repetitions of each measurement (median reported)")

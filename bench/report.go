@@ -253,7 +253,7 @@ func (s *store) compared(rtt time.Duration, w, variant string, metrics []string)
 		fmt.Fprintf(&b, " %s |", m)
 	}
 	b.WriteString("\n|---|" + strings.Repeat("---|", len(metrics)) + "\n")
-	for _, base := range []string{"local", "sshfs", "sshfs-tuned", "rclone", "rclone-full", "mergerfs"} {
+	for _, base := range []string{"local", "sshfs", "sshfs-tuned", "rclone", "rclone-full", "mergerfs", "mergerfs-tuned"} {
 		if !s.hasSystem(rtt, w, base) {
 			continue
 		}

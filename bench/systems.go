@@ -44,21 +44,31 @@ func sshfsOpts(e *env, port int, extra string) string {
 	return o
 }
 
+// sshfsTuned are the sshfs options of the speed issue's sshfs-tuned.
+const sshfsTuned = "max_conns=4,kernel_cache,Ciphers=aes128-gcm@openssh.com"
+
 var systems = []system{
 	{name: "local", local: true},
 	{name: "sshfs", mount: func(e *env, port int, dir, mp string) error {
 		return run("sshfs", "-o", sshfsOpts(e, port, ""), fmt.Sprintf("%s@127.0.0.1:%s", e.server.User, dir), mp)
 	}},
 	{name: "sshfs-tuned", mount: func(e *env, port int, dir, mp string) error {
-		return run("sshfs", "-o", sshfsOpts(e, port, "max_conns=4,kernel_cache,Ciphers=aes128-gcm@openssh.com"),
-			fmt.Sprintf("%s@127.0.0.1:%s", e.server.User, dir), mp)
+		return run("sshfs", "-o", sshfsOpts(e, port, sshfsTuned), fmt.Sprintf("%s@127.0.0.1:%s", e.server.User, dir), mp)
 	}},
 	{name: "rclone", mount: func(e *env, port int, dir, mp string) error { return rcloneMount(e, port, dir, mp, "off") }},
 	{name: "rclone-full", mount: func(e *env, port int, dir, mp string) error { return rcloneMount(e, port, dir, mp, "full") },
 		diskCache: rcloneCache},
 	// What users union several servers with today: mergerfs (its defaults) over one
-	// sshfs mount (its defaults) per server.
-	{name: "mergerfs", only: []string{"union"}, mount: mergerfsMount, parts: mergerfsParts},
+	// sshfs mount (its defaults) per server; tuned, mergerfs with its caches on (the
+	// page cache, and attributes, names, missing names and listings for 30 s) over
+	// sshfs-tuned.
+	{name: "mergerfs", only: []string{"union"}, parts: mergerfsParts,
+		mount: func(e *env, port int, dir, mp string) error { return mergerfsMount(e, port, dir, mp, "", "") }},
+	{name: "mergerfs-tuned", only: []string{"union"}, parts: mergerfsParts,
+		mount: func(e *env, port int, dir, mp string) error {
+			return mergerfsMount(e, port, dir, mp, sshfsTuned,
+				"cache.files=partial,dropcacheonclose=true,cache.attr=30,cache.entry=30,cache.negative_entry=30,cache.readdir=true,cache.statfs=30")
+		}},
 	{name: "muxfs", muxfs: true},
 	// Close-to-open off (opt-in): what muxfs does for a walk of opens without a
 	// round trip at each.
@@ -87,17 +97,23 @@ func unionMembers(dir string) []string {
 // mergerfsParts are the sshfs mounts that mergerfs at mp merges, one per member.
 func mergerfsParts(mp string) []string { return []string{mp + "-a", mp + "-b"} }
 
-func mergerfsMount(e *env, port int, dir, mp string) error {
+// mergerfsMount mounts mergerfs at mp, with the options opts, over one sshfs mount of
+// each member of dir, with the sshfs options sshfsExtra.
+func mergerfsMount(e *env, port int, dir, mp, sshfsExtra, opts string) error {
 	parts := mergerfsParts(mp)
 	for i, member := range unionMembers(dir) {
 		if err := os.MkdirAll(parts[i], 0o755); err != nil {
 			return err
 		}
-		if err := run("sshfs", "-o", sshfsOpts(e, port, ""), fmt.Sprintf("%s@127.0.0.1:%s", e.server.User, member), parts[i]); err != nil {
+		if err := run("sshfs", "-o", sshfsOpts(e, port, sshfsExtra), fmt.Sprintf("%s@127.0.0.1:%s", e.server.User, member), parts[i]); err != nil {
 			return err
 		}
 	}
-	return run("mergerfs", strings.Join(parts, ":"), mp)
+	args := []string{strings.Join(parts, ":"), mp}
+	if opts != "" {
+		args = append([]string{"-o", opts}, args...)
+	}
+	return run("mergerfs", args...)
 }
 
 // muxfsCaches holds muxfs' persistent cache directories.
