@@ -213,7 +213,6 @@ func splitTree(tree, dir string) error {
 		if err != nil {
 			return err
 		}
-		member := []string{"a", "b"}[i%2]
 		if d.IsDir() {
 			for _, top := range []string{"a", "b", ""} {
 				if err := os.MkdirAll(filepath.Join(dir, top, rel), 0o755); err != nil {
@@ -222,6 +221,7 @@ func splitTree(tree, dir string) error {
 			}
 			return nil
 		}
+		member := []string{"a", "b"}[i%2]
 		i++
 		if err := os.Link(p, filepath.Join(dir, member, rel)); err != nil {
 			return err

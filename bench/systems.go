@@ -98,9 +98,17 @@ func unionMembers(dir string) []string {
 func mergerfsParts(mp string) []string { return []string{mp + "-a", mp + "-b"} }
 
 // mergerfsMount mounts mergerfs at mp, with the options opts, over one sshfs mount of
-// each member of dir, with the sshfs options sshfsExtra.
-func mergerfsMount(e *env, port int, dir, mp, sshfsExtra, opts string) error {
+// each member of dir, with the sshfs options sshfsExtra. A failure leaves nothing
+// mounted: a failed open has no session to unmount it.
+func mergerfsMount(e *env, port int, dir, mp, sshfsExtra, opts string) (err error) {
 	parts := mergerfsParts(mp)
+	defer func() {
+		if err != nil {
+			for _, p := range parts {
+				unmount(p)
+			}
+		}
+	}()
 	for i, member := range unionMembers(dir) {
 		if err := os.MkdirAll(parts[i], 0o755); err != nil {
 			return err
