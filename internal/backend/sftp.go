@@ -35,7 +35,7 @@ type SFTP struct {
 	errs     atomic.Int64  // requests that failed for another reason than a missing name
 	retries  atomic.Int64  // requests sent again after a lost connection
 	reopened atomic.Int64  // open files moved to a new session
-	striped  atomic.Int64  // extra handles opened to read a file over several sessions
+	striped  atomic.Int64  // extra handles opened to read or write a file over several sessions
 }
 
 // member is one way to the source's storage: a server's pool and the directory there.

@@ -181,7 +181,10 @@ func (f *sftpFile) checked(ctx context.Context) error {
 // is sent again at its offset, in the order first sent. The caller holds f.wb.mu.
 func (f *sftpFile) reopenLocked(ctx context.Context, dead *sftp.Client) error {
 	if f.handle().c != dead {
-		return nil // done already by another caller
+		// Done already by another caller, or the lost session was an extra
+		// handle's (stripe.go): its writes go again on the handles left.
+		f.extraLostLocked(dead)
+		return nil
 	}
 	if f.flags&os.O_APPEND != 0 && len(f.wb.pending) > 0 {
 		// An append lands wherever the end is: sending it again could write it twice.
@@ -336,6 +339,7 @@ func (f *sftpFile) WriteAt(ctx context.Context, p []byte, off int64) (int, error
 		return 0, f.s.fail(ctx, "write", f.path, f.flushLocked(ctx), nil)
 	}
 	f.ra.reset()
+	f.noteWriteLocked(ctx, off, len(p))
 	for o := 0; o < len(p); {
 		step := f.handle().c.MaxWrite
 		chunk := p[o:min(len(p), o+step)]
@@ -398,6 +402,7 @@ func (f *sftpFile) Stat(ctx context.Context) (Attr, error) {
 		f.wb.mu.Unlock()
 		return Attr{}, f.s.fail(ctx, "open", f.path, err, nil)
 	}
+	f.settleLocked(ctx)
 	if f.wb.held.Load() {
 		f.sendHeldLocked() // before the FSTAT, which must see it
 	}
@@ -445,6 +450,7 @@ func (f *sftpFile) SetAttr(ctx context.Context, set SetAttr) error {
 	if f.wb.err != nil {
 		return f.s.fail(ctx, "write", f.path, f.flushLocked(ctx), nil)
 	}
+	f.settleLocked(ctx)
 	a := toSFTPAttrs(set)
 	var err error
 	if f.cannotRefuse(set) {
@@ -494,17 +500,21 @@ func (f *sftpFile) Close(ctx context.Context) error {
 	ctx, cancel := f.s.deadline(ctx)
 	defer cancel()
 	f.ra.reset()
-	f.closeExtra()
 	if f.readOnly || f.checked(ctx) != nil {
+		f.closeExtra()
 		h := f.handle()
 		h.c.CloseAsync(h.h)
 		return nil
 	}
 	werr := f.Flush(ctx)
+	xerr := f.closeWritten(ctx)
 	h := f.handle()
 	err := h.c.CloseHandle(ctx, h.h)
 	if connLost(err) {
 		err = nil // the handle ended with its session, after every write was acknowledged
+	}
+	if err == nil {
+		err = xerr
 	}
 	cerr := f.s.fail(ctx, "close", f.path, err, nil)
 	if werr != nil {

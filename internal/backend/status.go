@@ -9,7 +9,7 @@ type SourceStatus struct {
 	Errors   int64          `json:"errors"`
 	Retries  int64          `json:"retries"`  // requests sent again after a lost connection
 	Reopened int64          `json:"reopened"` // open files moved to a new session
-	Striped  int64          `json:"striped"`  // extra sessions a big read went through (stripe.go)
+	Striped  int64          `json:"striped"`  // extra sessions a big read or write went through (stripe.go)
 	Members  []MemberStatus `json:"members,omitempty"`
 
 	// Filled in above the backend: where the source is mounted and its memory cache.

@@ -43,6 +43,19 @@ type writeBehind struct {
 	// Set and cleared under mu; atomic so that a read can look without taking mu.
 	held  atomic.Bool
 	timer *time.Timer
+
+	// Striping of writes (stripe.go). nextOff is where the last write queued ends, and
+	// run how many bytes were written in order up to it; inOrder tells whether the
+	// write being queued continues them. onExtra counts the pending writes sent on
+	// extra handles, others the pending requests that are not in-order writes (changes
+	// of attributes, writes elsewhere): an in-order write goes on an extra handle only
+	// while others is 0, and nothing else is queued while onExtra is not.
+	nextOff int64
+	run     int64
+	inOrder bool
+	onExtra int
+	others  int
+	turn    int
 }
 
 // holdFor bounds how long a small write waits for followers (see writeBehind.held).
@@ -56,6 +69,23 @@ type pendingWrite struct {
 	w        *sftp.PendingWrite
 	startErr error    // why sending failed, if it did
 	job      *sendJob // handed to the file's sender, not yet collected: w and startErr come from it (started)
+	inOrder  bool     // a write continuing the file's run of writes in order (see writeBehind.run)
+	extra    bool     // sent on an extra handle of a striped file, not the file's own
+}
+
+// other tells whether pw is anything but a write in order: such a request must not be
+// overtaken by a write on another session.
+func (pw *pendingWrite) other() bool { return pw.set != nil || !pw.inOrder }
+
+// countLocked counts pw in (or, with d -1, out of) the file's pending requests.
+func (wb *writeBehind) countLocked(pw *pendingWrite, d int) {
+	wb.bytes += d * len(pw.data)
+	if pw.other() {
+		wb.others += d
+	}
+	if pw.extra {
+		wb.onExtra += d
+	}
 }
 
 // sendAsyncMin is the size from which a write is handed to the file's sender (see
@@ -172,6 +202,18 @@ const maxQueued = 1024
 // else at once.
 func (f *sftpFile) startLocked(pw *pendingWrite) {
 	h := f.handle()
+	if pw.extra {
+		pw.extra = false
+		f.wb.onExtra--
+	}
+	if !pw.other() && f.wb.others == 0 {
+		if x, ok := f.dealLocked(h); ok {
+			h = x
+			pw.extra = true
+			f.wb.onExtra++
+			f.st.wrote.Store(true)
+		}
+	}
 	pw.c = h.c
 	if (pw.set == nil && len(pw.data) >= sendAsyncMin) || f.snd.busy() {
 		pw.w, pw.startErr = nil, nil
@@ -212,7 +254,7 @@ func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64) error
 		}
 		f.sendHeldLocked()
 	}
-	pw := pendingWrite{off: off, data: copyForReplay(data)}
+	pw := pendingWrite{off: off, data: copyForReplay(data), inOrder: wb.inOrder}
 	if len(data) >= limit || len(wb.pending) == 0 {
 		// Large, or nothing ahead of it to wait behind: at once.
 		return f.queueLocked(ctx, pw)
@@ -224,7 +266,7 @@ func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64) error
 func (f *sftpFile) holdLocked(ctx context.Context, pw pendingWrite) error {
 	wb := &f.wb
 	wb.pending = append(wb.pending, pw)
-	wb.bytes += len(pw.data)
+	wb.countLocked(&pw, 1)
 	wb.held.Store(true)
 	if wb.timer == nil {
 		wb.timer = time.AfterFunc(holdFor, f.sendHeld)
@@ -320,14 +362,14 @@ func (f *sftpFile) queueLocked(ctx context.Context, pw pendingWrite) error {
 		f.sendHeldLocked()
 	}
 	wb.pending = append(wb.pending, pw)
-	wb.bytes += len(pw.data)
 	last := &wb.pending[len(wb.pending)-1]
+	wb.countLocked(last, 1)
 	f.startLocked(last)
 	if last.job == nil && last.startErr != nil && !connLost(last.startErr) {
 		err := last.startErr
+		wb.countLocked(last, -1)
 		releaseReplay(last.data)
 		wb.pending = wb.pending[:len(wb.pending)-1]
-		wb.bytes -= len(pw.data)
 		return err
 	}
 	return f.windowLocked(ctx)
@@ -337,7 +379,8 @@ func (f *sftpFile) queueLocked(ctx context.Context, pw pendingWrite) error {
 // first failure on record.
 func (f *sftpFile) windowLocked(ctx context.Context) error {
 	wb := &f.wb
-	for wb.bytes > writeWindow || len(wb.pending) > maxQueued {
+	window := writeWindow * f.handles() // per handle, as the read-ahead's
+	for wb.bytes > window || len(wb.pending) > maxQueued {
 		f.waitOldestLocked(ctx)
 	}
 	return wb.err
@@ -367,7 +410,7 @@ func (f *sftpFile) waitOldestLocked(ctx context.Context) {
 			break
 		}
 	}
-	wb.bytes -= len(wb.pending[0].data)
+	wb.countLocked(&wb.pending[0], -1)
 	releaseReplay(wb.pending[0].data)
 	wb.pending[0] = pendingWrite{}
 	wb.pending = wb.pending[1:]
@@ -379,12 +422,17 @@ func (f *sftpFile) waitOldestLocked(ctx context.Context) {
 // flushLocked waits for every write in flight and returns the first error, once:
 // after it is reported, the file is usable again.
 func (f *sftpFile) flushLocked(ctx context.Context) error {
-	for len(f.wb.pending) > 0 {
-		f.waitOldestLocked(ctx)
-	}
+	f.drainLocked(ctx)
 	err := f.wb.err
 	f.wb.err = nil
 	return err
+}
+
+// drainLocked waits for every write in flight; a failure stays on record.
+func (f *sftpFile) drainLocked(ctx context.Context) {
+	for len(f.wb.pending) > 0 {
+		f.waitOldestLocked(ctx)
+	}
 }
 
 // readAhead keeps the next part of a sequential read in flight. Reads at or near where
@@ -477,6 +525,9 @@ func (f *sftpFile) ReadAt(ctx context.Context, p []byte, off int64) (int, error)
 	ctx, cancel := f.s.deadline(ctx)
 	defer cancel()
 	f.sendHeldNow() // the server answers a handle's requests in order: the read sees it
+	if f.st.wrote.Load() {
+		f.settle(ctx) // and writes through other sessions (stripe.go) are waited for
+	}
 	for attempt := 1; ; attempt++ {
 		h := f.handle()
 		n, err := f.readAt(ctx, h, p, off)

@@ -200,3 +200,300 @@ func TestReadAheadSharedByConcurrentReaders(t *testing.T) {
 		}
 	}
 }
+
+// writeInPieces writes data at off in pieces of 1 MiB, calling before (if set) ahead
+// of each.
+func writeInPieces(t *testing.T, f File, data []byte, off int, before func(off int)) {
+	t.Helper()
+	for o := 0; o < len(data); o += 1 << 20 {
+		if before != nil {
+			before(off + o)
+		}
+		piece := data[o:min(len(data), o+1<<20)]
+		if n, err := f.WriteAt(context.Background(), piece, int64(off+o)); err != nil || n != len(piece) {
+			t.Fatalf("write at %d: %d, %v", off+o, n, err)
+		}
+	}
+}
+
+// waitExtraOpened gives an extra handle being opened for a file written in order past
+// a window (and a margin) time to open, so that the next write puts it to use. With
+// none being opened (the pool had no spare session yet, and is opening one), the next
+// write tries again.
+func waitExtraOpened(f File, off int) {
+	sf := f.(*sftpFile)
+	for deadline := time.Now().Add(2 * time.Second); off > 12<<20 && time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		sf.st.mu.Lock()
+		done := len(sf.st.extra)+len(sf.st.candidates) > 0 || len(sf.st.opening) == 0
+		sf.st.mu.Unlock()
+		if done {
+			return
+		}
+	}
+}
+
+func createForWriting(t *testing.T, s *SFTP, name string) File {
+	t.Helper()
+	f, err := s.Open(context.Background(), name, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func checkServerFile(t *testing.T, s *SFTP, name string, want []byte) {
+	t.Helper()
+	got, err := os.ReadFile(s.members[0].abs(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%s on the server: %d bytes, not the %d written", name, len(got), len(want))
+	}
+}
+
+// TestStripedWrite: over a slow link, a big file written in order goes through a
+// second session too, and the server has every byte.
+func TestStripedWrite(t *testing.T) {
+	s, pool, _ := stripeSource(t, time.Nanosecond, 0, 9)
+	want := randomBytes(64<<20, 10)
+	f := createForWriting(t, s, "out")
+	writeInPieces(t, f, want, 0, func(off int) { waitExtraOpened(f, off) })
+	if err := f.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s.striped.Load() == 0 {
+		t.Fatal("no extra handle was opened")
+	}
+	checkServerFile(t, s, "out", want)
+	pool.mu.Lock()
+	busy := 0
+	out := map[*sftp.Client]int64{}
+	for _, ss := range pool.sessions {
+		out[ss.client] = ss.client.Stats().BytesOut
+		if out[ss.client] > 8<<20 {
+			busy++
+		}
+	}
+	pool.mu.Unlock()
+	if busy < 2 {
+		t.Errorf("the write did not go through two sessions: bytes out per session %v", out)
+	}
+}
+
+// TestStripedWriteSurvivesLostSessions: every session killed halfway through a striped
+// write; the writes in flight go again, and the file is whole once closed.
+func TestStripedWriteSurvivesLostSessions(t *testing.T) {
+	s, pool, _ := stripeSource(t, time.Nanosecond, 0, 11)
+	want := randomBytes(64<<20, 12)
+	f := createForWriting(t, s, "out")
+	writeInPieces(t, f, want, 0, func(off int) {
+		waitExtraOpened(f, off)
+		if off == len(want)/2 {
+			if !f.(*sftpFile).st.wrote.Load() {
+				t.Error("no write went through an extra handle before the sessions were killed")
+			}
+			signalSessions(t, pool, syscall.SIGKILL)
+		}
+	})
+	if err := f.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkServerFile(t, s, "out", want)
+}
+
+// stripedFile is "out", created and written 24 MiB in order over a slow link until its
+// writes go through an extra handle too, with every write acknowledged: what it holds
+// is returned, and the session of one extra handle.
+func stripedFile(t *testing.T, seed int64) (*SFTP, *Pool, *sftpFile, []byte, *sftp.Client) {
+	t.Helper()
+	s, pool, _ := stripeSource(t, time.Nanosecond, 0, seed)
+	want := randomBytes(24<<20, seed+1)
+	f := createForWriting(t, s, "out")
+	t.Cleanup(func() { f.Close(context.Background()) }) //nolint:errcheck
+	writeInPieces(t, f, want, 0, func(off int) { waitExtraOpened(f, off) })
+	if err := f.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	sf := f.(*sftpFile)
+	sf.st.mu.Lock()
+	defer sf.st.mu.Unlock()
+	if !sf.st.wrote.Load() || len(sf.st.extra) == 0 {
+		t.Fatal("no write went through an extra handle")
+	}
+	return s, pool, sf, want, sf.st.extra[0].c
+}
+
+// signalSession sends sig to the server process of c's session.
+func signalSession(t *testing.T, p *Pool, c *sftp.Client, sig syscall.Signal) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range p.sessions {
+		if s.client == c {
+			if err := s.cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatal("no such session")
+}
+
+// stalledOnExtra writes 512 KiB more in order to a striped file while the server of
+// its extra handle's session is stopped, so that some of those writes wait there; the
+// server goes on 300 ms later. It returns the file's contents as written. (Less than
+// the pipe to the stopped server holds: the file's sender must not block on it, which
+// would hold back whatever follows and hide a request sent out of order.)
+func stalledOnExtra(t *testing.T, pool *Pool, f *sftpFile, model []byte, extra *sftp.Client) []byte {
+	t.Helper()
+	signalSession(t, pool, extra, syscall.SIGSTOP)
+	time.AfterFunc(300*time.Millisecond, func() { signalSession(t, pool, extra, syscall.SIGCONT) })
+	more := randomBytes(512<<10, int64(len(model)))
+	writeInPieces(t, f, more, len(model), nil)
+	f.wb.mu.Lock()
+	n := f.wb.onExtra
+	f.wb.mu.Unlock()
+	if n == 0 {
+		t.Fatal("no write waits on the stopped extra handle")
+	}
+	return append(model, more...)
+}
+
+// TestStripedWriteElsewhereWaits: a write back over bytes still in flight on an extra
+// handle must not reach the server before them (it would be overwritten by the older
+// data): a write out of order waits for every write in flight.
+func TestStripedWriteElsewhereWaits(t *testing.T) {
+	s, pool, f, model, extra := stripedFile(t, 23)
+	model = stalledOnExtra(t, pool, f, model, extra)
+	again := randomBytes(1<<20+1000, 25)
+	at := len(model) - 1<<20 - 500
+	writeInPieces(t, f, again, at, nil)
+	model = append(model[:at], again...)
+	if err := f.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkServerFile(t, s, "out", model)
+}
+
+// TestStripedWriteTruncateWaits: a truncation goes to the file's own handle after the
+// writes in flight on extra handles, which would otherwise grow the file again.
+func TestStripedWriteTruncateWaits(t *testing.T) {
+	s, pool, f, model, extra := stripedFile(t, 26)
+	model = stalledOnExtra(t, pool, f, model, extra)
+	model = model[:len(model)-1<<20]
+	if err := f.SetAttr(context.Background(), SetAttr{Valid: SetSize, Size: int64(len(model))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkServerFile(t, s, "out", model)
+}
+
+// TestStripedWriteStatAndReadWait: the size and the bytes of a file being written
+// include the writes in flight on its extra handles.
+func TestStripedWriteStatAndReadWait(t *testing.T) {
+	_, pool, f, model, extra := stripedFile(t, 28)
+	ctx := context.Background()
+	model = stalledOnExtra(t, pool, f, model, extra)
+	if a, err := f.Stat(ctx); err != nil || a.Size != int64(len(model)) {
+		t.Fatalf("stat while written: size %d, %v; want %d", a.Size, err, len(model))
+	}
+	model = stalledOnExtra(t, pool, f, model, extra)
+	got := make([]byte, 1<<20)
+	if n, err := f.ReadAt(ctx, got, int64(len(model)-1<<20)); err != nil || !bytes.Equal(got[:n], model[len(model)-1<<20:]) {
+		t.Fatalf("read while written: %d bytes, %v, or not what was written", n, err)
+	}
+}
+
+// TestStripedWriteHeldChangeKeepsOrder: a change of times held behind the writes (see
+// holdSetLocked) goes out on the file's own handle; a write after it must not overtake
+// it on an extra handle, or the change would land last and undo the write's mtime.
+func TestStripedWriteHeldChangeKeepsOrder(t *testing.T) {
+	s, pool, f, model, _ := stripedFile(t, 30)
+	ctx := context.Background()
+	signalSession(t, pool, f.handle().c, syscall.SIGSTOP)
+	time.AfterFunc(300*time.Millisecond, func() { signalSession(t, pool, f.handle().c, syscall.SIGCONT) })
+	old := time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC)
+	if err := f.SetAttr(ctx, SetAttr{Valid: SetTimes, Atime: old, Mtime: old}); err != nil {
+		t.Fatal(err)
+	}
+	f.wb.mu.Lock()
+	f.wb.turn = len(f.st.extra) // a write dealt now would go to the first extra handle
+	f.wb.mu.Unlock()
+	more := randomBytes(f.handle().c.MaxWrite, 31) // one request, sent at once
+	writeInPieces(t, f, more, len(model), nil)
+	if err := f.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkServerFile(t, s, "out", append(model, more...))
+	if st, err := os.Stat(s.members[0].abs("out")); err != nil || st.ModTime().Equal(old) {
+		t.Errorf("mtime %v, %v: the change of times landed after the writes that followed it", st.ModTime(), err)
+	}
+}
+
+// TestStripedWriteExtraLost: an extra handle's session dies with writes in flight on
+// it; they go again on the file's own handle, and the file is whole once closed.
+func TestStripedWriteExtraLost(t *testing.T) {
+	s, pool, f, model, extra := stripedFile(t, 32)
+	signalSession(t, pool, extra, syscall.SIGSTOP)
+	more := randomBytes(512<<10, 33)
+	writeInPieces(t, f, more, len(model), nil)
+	model = append(model, more...)
+	signalSession(t, pool, extra, syscall.SIGKILL)
+	more = randomBytes(6<<20, 34)
+	writeInPieces(t, f, more, len(model), nil)
+	model = append(model, more...)
+	if err := f.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkServerFile(t, s, "out", model)
+}
+
+// TestStripedWriteRefusesAnotherFile: a file replaced on the server while it is written
+// (its path now names another file) is not opened again by path for striping: every
+// write reaches the file opened, and the new file at the path is left alone.
+func TestStripedWriteRefusesAnotherFile(t *testing.T) {
+	s, _, _ := stripeSource(t, time.Nanosecond, 0, 19)
+	want := randomBytes(40<<20, 20)
+	f := createForWriting(t, s, "out")
+	writeInPieces(t, f, want[:4<<20], 0, nil)
+	if err := os.Rename(s.members[0].abs("out"), s.members[0].abs("moved")); err != nil {
+		t.Fatal(err)
+	}
+	other := []byte("another file, made where the first one was\n")
+	os.WriteFile(s.members[0].abs("out"), other, 0o644) //nolint:errcheck
+	writeInPieces(t, f, want[4<<20:], 4<<20, func(off int) { waitExtraOpened(f, off) })
+	sf := f.(*sftpFile)
+	sf.st.mu.Lock()
+	refused := sf.st.decided && !sf.st.slow
+	sf.st.mu.Unlock()
+	if err := f.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !refused {
+		t.Error("no second open of the path was made and refused")
+	}
+	if n := s.striped.Load(); n != 0 {
+		t.Errorf("%d extra handles kept for a path that names another file", n)
+	}
+	checkServerFile(t, s, "moved", want)
+	checkServerFile(t, s, "out", other)
+}
+
+// TestSlowLinkOnlyStripesWrites: on a link faster than stripeMinRTT, a big write stays
+// on one session.
+func TestSlowLinkOnlyStripesWrites(t *testing.T) {
+	s, _, _ := stripeSource(t, time.Hour, 0, 21)
+	want := randomBytes(24<<20, 22)
+	f := createForWriting(t, s, "out")
+	writeInPieces(t, f, want, 0, nil)
+	if err := f.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.striped.Load(); n != 0 {
+		t.Errorf("%d extra handles opened on a fast link", n)
+	}
+	checkServerFile(t, s, "out", want)
+}
