@@ -347,10 +347,9 @@ func summary(res []result) string {
 
 // rawStream measures `ssh host cat FILE` through the same link, once, as repetition
 // rep: the limit of one SSH stream, with ssh's default cipher and with the one muxfs
-// prefers. Where the file systems write (0 ms), it measures the other direction too,
-// `ssh host 'cat > FILE; sync FILE'` (fio's write ends with an fsync): the server
-// writing a new file from one stream, the limit of a sequential write. It says
-// whether it succeeded.
+// prefers; and the other direction, `ssh host 'cat > FILE; sync FILE'` (fio's write
+// ends with an fsync): the server writing a new file from one stream, the limit of a
+// sequential write through one session. It says whether it succeeded.
 func (b *bench) rawStream(rtt time.Duration, rep int) bool {
 	file := filepath.Join(b.data, "shared", "stream.dat")
 	if _, _, err := sh(fmt.Sprintf("test -s %s || dd if=/dev/urandom of=%s bs=1M count=%d status=none", file, file, b.seqMiB)); err != nil {
@@ -375,14 +374,12 @@ func (b *bench) rawStream(rtt time.Duration, rep int) bool {
 				return nil, err
 			}
 			res := []result{{"read", "MB/s", float64(b.seqMiB<<20) / mb / (d - setup).Seconds(), true}}
-			if rtt == 0 {
-				os.Remove(written) //nolint:errcheck // each repetition writes a new file, as fio's write does
-				d, _, err = sh(fmt.Sprintf("%s 'cat > %s && sync %s' < %s", ssh, written, written, file))
-				if err != nil {
-					return nil, err
-				}
-				res = append(res, result{"write", "MB/s", float64(b.seqMiB<<20) / mb / (d - setup).Seconds(), true})
+			os.Remove(written) //nolint:errcheck // each repetition writes a new file, as fio's write does
+			d, _, err = sh(fmt.Sprintf("%s 'cat > %s && sync %s' < %s", ssh, written, written, file))
+			if err != nil {
+				return nil, err
 			}
+			res = append(res, result{"write", "MB/s", float64(b.seqMiB<<20) / mb / (d - setup).Seconds(), true})
 			return res, nil
 		})
 		if err == nil {

@@ -159,7 +159,7 @@ func (s *store) report(file, chartDir, notes string, cmdline string, rtts []time
 		fmt.Fprintf(&b, "Files: %s (see bench/README.md).\n\n", s.fs)
 	}
 	b.WriteString(s.stealNote())
-	b.WriteString("Systems: **local** is the server's directory itself (the limit); **ssh-stream** is `ssh host cat FILE` (one SSH stream, default cipher; **-gcm** with aes128-gcm, which muxfs prefers), and at 0 ms also `ssh host 'cat > FILE && sync FILE'` (write: the server writing a new file from one stream); **sshfs** is sshfs with its defaults; **sshfs-tuned** adds `-o max_conns=4,kernel_cache,Ciphers=aes128-gcm@openssh.com`; **rclone** is `rclone mount` of an sftp remote with `--vfs-cache-mode off`, **rclone-full** with `full`; **muxfs** is muxfs with its defaults; **muxfs-nocto** adds `-o nocto` (close-to-open off, opt-in); **muxfs-ssh** adds `-o transport=ssh` (sessions through the ssh program, not in-process).\n\n")
+	b.WriteString("Systems: **local** is the server's directory itself (the limit); **ssh-stream** is `ssh host cat FILE` (one SSH stream, default cipher; **-gcm** with aes128-gcm, which muxfs prefers), and `ssh host 'cat > FILE && sync FILE'` (write: the server writing a new file from one stream); **sshfs** is sshfs with its defaults; **sshfs-tuned** adds `-o max_conns=4,kernel_cache,Ciphers=aes128-gcm@openssh.com`; **rclone** is `rclone mount` of an sftp remote with `--vfs-cache-mode off`, **rclone-full** with `full`; **muxfs** is muxfs with its defaults; **muxfs-nocto** adds `-o nocto` (close-to-open off, opt-in); **muxfs-ssh** adds `-o transport=ssh` (sessions through the ssh program, not in-process).\n\n")
 	if s.has(0, "cache") || s.has(0, "warm") || s.has(2*time.Millisecond, "warm") {
 		b.WriteString(s.cacheTargets(rtts))
 	}

@@ -318,17 +318,15 @@ func seqWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 	file := filepath.Join(s.mp, "seq.dat")
 	size := fmt.Sprintf("%dm", b.seqMiB)
 	var res []result
-	if rtt == 0 {
-		if err := s.remount(); err != nil {
-			return nil, err
+	if err := s.remount(); err != nil {
+		return nil, err
+	}
+	for _, name := range []string{"write", "rewrite"} {
+		o, err := fio("--name="+name, "--filename="+file, "--rw=write", "--bs=64k", "--size="+size, "--end_fsync=1")
+		if err != nil {
+			return res, err
 		}
-		for _, name := range []string{"write", "rewrite"} {
-			o, err := fio("--name="+name, "--filename="+file, "--rw=write", "--bs=64k", "--size="+size, "--end_fsync=1")
-			if err != nil {
-				return res, err
-			}
-			res = append(res, result{name, "MB/s", o.Jobs[0].Write.BwBytes / mb, true})
-		}
+		res = append(res, result{name, "MB/s", o.Jobs[0].Write.BwBytes / mb, true})
 	}
 	// The reads are of a file the server wrote itself, not of the one just written:
 	// rclone-full's close and fsync return before its upload (5 s later), and its
