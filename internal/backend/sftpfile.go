@@ -177,8 +177,10 @@ func (f *sftpFile) checked(ctx context.Context) error {
 
 // reopenLocked replaces a handle lost with its session (dead): the file is opened
 // again by path on a live session — another member's if this one is down — checked to
-// be the same kind of file with the same owner, and every write not yet acknowledged
-// is sent again at its offset, in the order first sent. The caller holds f.wb.mu.
+// be the same kind of file with the same owner, and every write it had not
+// acknowledged is sent again at its offset, in the order first sent (with those never
+// sent); writes in flight on a striped file's extra handles stay there. The caller
+// holds f.wb.mu.
 func (f *sftpFile) reopenLocked(ctx context.Context, dead *sftp.Client) error {
 	if f.handle().c != dead {
 		// Done already by another caller, or the lost session was an extra
@@ -221,12 +223,18 @@ func (f *sftpFile) reopenLocked(ctx context.Context, dead *sftp.Client) error {
 	f.checkMu.Unlock()
 	f.ra.reset()
 	f.s.reopened.Add(1)
-	f.s.log.Info("file reopened on a new session", "source", f.s.name, "path", f.path,
-		"via", nh.m.name, "writes_resent", len(f.wb.pending))
 	f.snd.wait() // nothing still goes to the old handle while the writes are sent again
+	resent := 0
 	for i := range f.wb.pending {
-		f.startLocked(&f.wb.pending[i])
+		// Not a write in flight on a live extra handle: sent again elsewhere, its
+		// first copy could land after a later request that must follow it.
+		if pw := &f.wb.pending[i]; pw.c == dead || pw.c == nil {
+			f.startLocked(pw)
+			resent++
+		}
 	}
+	f.s.log.Info("file reopened on a new session", "source", f.s.name, "path", f.path,
+		"via", nh.m.name, "writes_resent", resent)
 	if f.wb.held.Load() { // sent with the rest
 		f.wb.held.Store(false)
 		f.wb.timer.Stop()
