@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -65,31 +64,11 @@ func newEnv(root, muxfsBin string, rtts []time.Duration) (*env, error) {
 		n, _ := strconv.Atoi(port)
 		e.proxies[rtt] = n
 		// The proxy's port has its own known_hosts line (ssh keys hosts by port).
-		if err := addKnownHost(keys.KnownHosts, srv.Port, n); err != nil {
+		if err := keys.TrustPort(srv.Port, n); err != nil {
 			return nil, err
 		}
 	}
 	return e, nil
-}
-
-func addKnownHost(file string, from, to int) error {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return err
-	}
-	prefix := fmt.Sprintf("[127.0.0.1]:%d ", from)
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, prefix) {
-			f, err := os.OpenFile(file, os.O_APPEND|os.O_WRONLY, 0o600)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			_, err = fmt.Fprintf(f, "[127.0.0.1]:%d %s\n", to, strings.TrimPrefix(line, prefix))
-			return err
-		}
-	}
-	return errors.New("server key not in known_hosts")
 }
 
 func (e *env) close() { e.server.Stop() }

@@ -39,6 +39,7 @@ type cacheStatus struct {
 		DiskBytes        int64 `json:"disk_cache_bytes"`
 		DiskHitBytes     int64 `json:"disk_cache_hit_bytes"`
 		DiskFetchedBytes int64 `json:"disk_cache_fetched_bytes"`
+		Striped          int64
 		Members          []struct {
 			BytesRead int64 `json:"bytes_read"`
 		}

@@ -50,6 +50,28 @@ func keygen(file string) error {
 	return nil
 }
 
+// TrustPort trusts the server known on port from also on port to (a proxy in front of
+// it): ssh keys hosts by port.
+func (k *Keys) TrustPort(from, to int) error {
+	b, err := os.ReadFile(k.KnownHosts)
+	if err != nil {
+		return err
+	}
+	prefix := fmt.Sprintf("[127.0.0.1]:%d ", from)
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, prefix) {
+			f, err := os.OpenFile(k.KnownHosts, os.O_APPEND|os.O_WRONLY, 0o600)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = fmt.Fprintf(f, "[127.0.0.1]:%d %s\n", to, strings.TrimPrefix(line, prefix))
+			return err
+		}
+	}
+	return fmt.Errorf("no key of a server on port %d in %s", from, k.KnownHosts)
+}
+
 // SSHOptions are the ssh -o settings that make a client use these keys and trust only
 // these servers.
 func (k *Keys) SSHOptions() []string {
