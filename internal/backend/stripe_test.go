@@ -69,22 +69,29 @@ func waitStriped(s *SFTP, off int) {
 // session too, and the data is the file's.
 func TestStripedRead(t *testing.T) {
 	s, pool, want := stripeSource(t, time.Nanosecond, 64<<20, 3) // every link is slow
-	in := map[*sftp.Client]int64{}
 	readSequentially(t, s, want, func(off int) { waitStriped(s, off) })
 	if s.striped.Load() == 0 {
 		t.Fatal("no extra handle was opened")
 	}
+	checkSpread(t, pool, "read", func(st sftp.Stats) int64 { return st.BytesIn })
+}
+
+// checkSpread checks that at least two of the pool's sessions carried more than 8 MiB
+// of file data (bytes tells which way).
+func checkSpread(t *testing.T, pool *Pool, what string, bytes func(sftp.Stats) int64) {
+	t.Helper()
 	pool.mu.Lock()
+	defer pool.mu.Unlock()
 	busy := 0
+	per := map[*sftp.Client]int64{}
 	for _, ss := range pool.sessions {
-		in[ss.client] = ss.client.Stats().BytesIn
-		if in[ss.client] > 8<<20 {
+		per[ss.client] = bytes(ss.client.Stats())
+		if per[ss.client] > 8<<20 {
 			busy++
 		}
 	}
-	pool.mu.Unlock()
 	if busy < 2 {
-		t.Errorf("the read did not go through two sessions: bytes in per session %v", in)
+		t.Errorf("the %s did not go through two sessions: bytes per session %v", what, per)
 	}
 }
 
@@ -266,19 +273,7 @@ func TestStripedWrite(t *testing.T) {
 		t.Fatal("no extra handle was opened")
 	}
 	checkServerFile(t, s, "out", want)
-	pool.mu.Lock()
-	busy := 0
-	out := map[*sftp.Client]int64{}
-	for _, ss := range pool.sessions {
-		out[ss.client] = ss.client.Stats().BytesOut
-		if out[ss.client] > 8<<20 {
-			busy++
-		}
-	}
-	pool.mu.Unlock()
-	if busy < 2 {
-		t.Errorf("the write did not go through two sessions: bytes out per session %v", out)
-	}
+	checkSpread(t, pool, "write", func(st sftp.Stats) int64 { return st.BytesOut })
 }
 
 // TestStripedWriteSurvivesLostSessions: every session killed halfway through a striped
