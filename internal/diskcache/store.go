@@ -623,7 +623,7 @@ func (e *entry) storeLocked(p []byte, off int64, fill bool) bool {
 				return false
 			}
 		} else {
-			e.queueLocked(f, p, off)
+			e.queueLocked(f, p, off, !fill)
 			if fill {
 				// Handed over at once, not gathered: a fill is one of the kernel's
 				// read-ahead READs (up to 1 MiB), and a gathered one left for the

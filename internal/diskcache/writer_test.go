@@ -503,3 +503,25 @@ func TestFillsDoNotWaitForTheDisk(t *testing.T) {
 	c.Close()
 	remountAndRead(t, dir, remote, "r", want)
 }
+
+// TestPooledCopies: a copy comes in the smallest pooled size that holds it, and one of
+// direct I/O's sizes is aligned for it (else the writer falls back to the page cache).
+func TestPooledCopies(t *testing.T) {
+	for _, tc := range []struct{ n, want int }{
+		{1, minPoolBuf}, {4096, 4096}, {4097, 8192}, {200 << 10, 256 << 10},
+		{256 << 10, 256 << 10}, {poolBuf - 1, poolBuf}, {poolBuf, poolBuf},
+	} {
+		b := getBuf(tc.n)
+		if len(*b) != tc.want || cap(*b) != tc.want {
+			t.Errorf("copy for %d bytes: len %d, cap %d; want %d", tc.n, len(*b), cap(*b), tc.want)
+		}
+		if tc.n >= directMin && !aligned(*b, tc.want, 0) {
+			t.Errorf("copy for %d bytes not aligned for direct I/O", tc.n)
+		}
+		*b = (*b)[:1] // as the writer leaves it: putBuf must restore the length
+		putBuf(b)
+		if again := getBuf(tc.n); len(*again) != tc.want {
+			t.Errorf("pooled copy for %d bytes came back with len %d", tc.n, len(*again))
+		}
+	}
+}
