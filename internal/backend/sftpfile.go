@@ -515,13 +515,13 @@ func (f *sftpFile) Close(ctx context.Context) error {
 		return nil
 	}
 	werr := f.Flush(ctx)
-	xerr := f.closeWritten(ctx)
+	extra := f.closeWritten(ctx) // in the same round trip as the file's own handle
 	h := f.handle()
 	err := h.c.CloseHandle(ctx, h.h)
 	if connLost(err) {
 		err = nil // the handle ended with its session, after every write was acknowledged
 	}
-	if err == nil {
+	if xerr := extra(); err == nil {
 		err = xerr
 	}
 	cerr := f.s.fail(ctx, "close", f.path, err, nil)

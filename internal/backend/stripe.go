@@ -169,22 +169,28 @@ func (f *sftpFile) closeExtra() {
 }
 
 // closeWritten closes the extra handles of a file opened for writing, once every
-// write is acknowledged, and returns the first failure: a server may report an
-// error of the data written through a handle when it is closed (a network file
-// system's write-back). None is opened after.
-func (f *sftpFile) closeWritten(ctx context.Context) error {
+// write is acknowledged, all at once; wait returns the first failure: a server may
+// report an error of the data written through a handle only when it is closed (a
+// network file system's write-back). None is opened after.
+func (f *sftpFile) closeWritten(ctx context.Context) (wait func() error) {
 	f.st.mu.Lock()
 	f.st.closed = true
 	xs := append(f.st.extra, f.st.candidates...)
 	f.st.extra, f.st.candidates = nil, nil
 	f.st.mu.Unlock()
-	var first error
+	errs := make(chan error, len(xs))
 	for _, x := range xs {
-		if err := x.c.CloseHandle(ctx, x.h); err != nil && !connLost(err) && first == nil {
-			first = err
-		}
+		go func() { errs <- x.c.CloseHandle(ctx, x.h) }()
 	}
-	return first
+	return func() error {
+		var first error
+		for range xs {
+			if err := <-errs; err != nil && !connLost(err) && first == nil {
+				first = err
+			}
+		}
+		return first
+	}
 }
 
 // handles is how many handles the file's writes are dealt over: its own and the
