@@ -31,11 +31,12 @@ const (
 	stripeWriteAfter = writeWindow
 )
 
-// stripe holds the extra handles of a file read through several sessions.
+// stripe holds the extra handles of a file read or written through several sessions.
 type stripe struct {
 	mu sync.Mutex
 	// decided: whether the link is slow enough (slow) was asked of the pool once,
-	// not at every read.
+	// not at every read or write; slow is cleared for good when a second open of the
+	// file's path reached another file.
 	decided, slow bool
 	extra         []handle
 	// candidates: extra handles opened for writing, to be checked (checkCandidatesLocked)
@@ -282,7 +283,7 @@ func (f *sftpFile) checkCandidatesLocked(ctx context.Context, h handle, cands []
 	own, err := h.c.StartFstat(h.h)
 	pend := make([]*sftp.PendingAttrs, len(cands))
 	for i, x := range cands {
-		pend[i], _ = x.c.StartFstat(x.h)
+		pend[i], _ = x.c.StartFstat(x.h) // nil if its session is gone: nothing to compare
 	}
 	var oa sftp.Attrs
 	if err == nil {
@@ -293,7 +294,7 @@ func (f *sftpFile) checkCandidatesLocked(ctx context.Context, h handle, cands []
 	refused := false
 	for i, x := range cands {
 		var xa sftp.Attrs
-		xerr := errors.New("not sent")
+		xerr := errNoFstat
 		if pend[i] != nil {
 			xa, xerr = pend[i].Wait(ctx)
 		}
@@ -322,6 +323,8 @@ func (f *sftpFile) checkCandidatesLocked(ctx context.Context, h handle, cands []
 	f.st.extra = append(f.st.extra, keep...)
 	f.s.striped.Add(int64(len(keep)))
 }
+
+var errNoFstat = errors.New("no FSTAT sent")
 
 // dealLocked chooses the handle for the next write in order: the file's own (h) and
 // its extra ones in turn. ok false: h.

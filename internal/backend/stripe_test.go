@@ -229,9 +229,13 @@ func writeInPieces(t *testing.T, f File, data []byte, off int, before func(off i
 // write tries again.
 func waitExtraOpened(f File, off int) {
 	sf := f.(*sftpFile)
+	pool := sf.handle().m.pool
 	for deadline := time.Now().Add(2 * time.Second); off > 12<<20 && time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		pool.mu.Lock()
+		sessions := pool.opening == 0 // none being opened for the extra handle to go on
+		pool.mu.Unlock()
 		sf.st.mu.Lock()
-		done := len(sf.st.extra)+len(sf.st.candidates) > 0 || len(sf.st.opening) == 0
+		done := len(sf.st.extra)+len(sf.st.candidates) > 0 || len(sf.st.opening) == 0 && sessions
 		sf.st.mu.Unlock()
 		if done {
 			return
@@ -297,16 +301,20 @@ func TestStripedWriteSurvivesLostSessions(t *testing.T) {
 	checkServerFile(t, s, "out", want)
 }
 
-// stripedFile is "out", created and written 24 MiB in order over a slow link until its
-// writes go through an extra handle too, with every write acknowledged: what it holds
-// is returned, and the session of one extra handle.
+// stripedFile is "out", created and written in order over a slow link until its writes
+// go through an extra handle too, with every write acknowledged: what it holds is
+// returned, and the session of one extra handle.
 func stripedFile(t *testing.T, seed int64) (*SFTP, *Pool, *sftpFile, []byte, *sftp.Client) {
 	t.Helper()
 	s, pool, _ := stripeSource(t, time.Nanosecond, 0, seed)
-	want := randomBytes(24<<20, seed+1)
 	f := createForWriting(t, s, "out")
 	t.Cleanup(func() { f.Close(context.Background()) }) //nolint:errcheck
-	writeInPieces(t, f, want, 0, func(off int) { waitExtraOpened(f, off) })
+	var want []byte
+	for len(want) < 64<<20 && !f.(*sftpFile).st.wrote.Load() { // on a busy machine, opening the extra handle takes a while
+		more := randomBytes(1<<20, seed+int64(len(want)))
+		writeInPieces(t, f, more, len(want), func(off int) { waitExtraOpened(f, off) })
+		want = append(want, more...)
+	}
 	if err := f.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
