@@ -36,7 +36,7 @@ type stripe struct {
 	mu sync.Mutex
 	// decided: whether the link is slow enough (slow) was asked of the pool once,
 	// not at every read or write; slow is cleared for good when a second open of the
-	// file's path reached another file.
+	// file's path failed or reached another file.
 	decided, slow bool
 	extra         []handle
 	// candidates: extra handles opened for writing, to be checked (checkCandidatesLocked)
@@ -126,11 +126,22 @@ func (f *sftpFile) openExtra(h handle, hs []handle) {
 	}()
 	ctx, cancel := f.s.deadline(context.Background())
 	defer cancel()
+	flags := os.O_RDONLY
 	if !f.readOnly {
-		xh, err := c.Open(ctx, h.m.abs(f.path), openFlags(os.O_WRONLY), sftp.Attrs{})
-		if err != nil {
-			return
+		flags = os.O_WRONLY
+	}
+	xh, err := c.Open(ctx, h.m.abs(f.path), openFlags(flags), sftp.Attrs{})
+	if err != nil {
+		if !connLost(err) {
+			// The path no longer opens so (the file removed, made read-only for
+			// a writer that created it): every later try would fail as well.
+			f.st.mu.Lock()
+			f.st.slow = false
+			f.st.mu.Unlock()
 		}
+		return
+	}
+	if !f.readOnly {
 		f.st.mu.Lock()
 		defer f.st.mu.Unlock()
 		if f.st.closed {
@@ -140,16 +151,15 @@ func (f *sftpFile) openExtra(h handle, hs []handle) {
 		f.st.candidates = append(f.st.candidates, handle{m: h.m, c: c, h: xh})
 		return
 	}
-	xh, err := c.Open(ctx, h.m.abs(f.path), openFlags(os.O_RDONLY), sftp.Attrs{})
-	if err != nil {
-		return
-	}
 	fa, err := c.Fstat(ctx, xh)
 	same := err == nil && fa.Mode == f.lstat.Mode && fa.UID == f.lstat.UID && fa.GID == f.lstat.GID &&
 		attrFromSFTP(fa).Size == f.opened.Size && attrFromSFTP(fa).Mtime.Equal(f.opened.Mtime)
 	f.st.mu.Lock()
 	defer f.st.mu.Unlock()
 	if !same || f.st.closed {
+		if !same && err == nil {
+			f.st.slow = false // the path names another file now
+		}
 		c.CloseAsync(xh)
 		return
 	}

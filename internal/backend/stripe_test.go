@@ -485,6 +485,30 @@ func TestStripedWriteRefusesAnotherFile(t *testing.T) {
 	checkServerFile(t, s, "out", other)
 }
 
+// TestStripedWriteGivesUpOnAGonePath: a file removed on the server while it is written
+// cannot be opened again by its path; after the first failed open no more are tried
+// (each write would send one), and the writes go on through the file's own handle.
+func TestStripedWriteGivesUpOnAGonePath(t *testing.T) {
+	s, _, _ := stripeSource(t, time.Nanosecond, 0, 36)
+	want := randomBytes(40<<20, 37)
+	f := createForWriting(t, s, "out")
+	writeInPieces(t, f, want[:4<<20], 0, nil)
+	if err := os.Remove(s.members[0].abs("out")); err != nil {
+		t.Fatal(err)
+	}
+	writeInPieces(t, f, want[4<<20:], 4<<20, func(off int) { waitExtraOpened(f, off) })
+	sf := f.(*sftpFile)
+	sf.st.mu.Lock()
+	gaveUp := sf.st.decided && !sf.st.slow
+	sf.st.mu.Unlock()
+	if err := f.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !gaveUp {
+		t.Error("opens of the removed path still tried after one failed")
+	}
+}
+
 // TestSlowLinkOnlyStripesWrites: on a link faster than stripeMinRTT, a big write stays
 // on one session.
 func TestSlowLinkOnlyStripesWrites(t *testing.T) {
