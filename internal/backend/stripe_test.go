@@ -454,27 +454,38 @@ func TestStripedWriteExtraLost(t *testing.T) {
 	checkServerFile(t, s, "out", model)
 }
 
-// TestStripedWriteRefusesAnotherFile: a file replaced on the server while it is written
-// (its path now names another file) is not opened again by path for striping: every
-// write reaches the file opened, and the new file at the path is left alone.
-func TestStripedWriteRefusesAnotherFile(t *testing.T) {
-	s, _, _ := stripeSource(t, time.Nanosecond, 0, 19)
-	want := randomBytes(40<<20, 20)
+// writeAroundAChange writes 40 MiB in order to "out" over a slow link, calling change
+// once the first 4 MiB are written (before any extra handle is opened), closes the
+// file, and returns what was written and whether the file gave up striping.
+func writeAroundAChange(t *testing.T, seed int64, change func(s *SFTP)) (*SFTP, []byte, bool) {
+	t.Helper()
+	s, _, _ := stripeSource(t, time.Nanosecond, 0, seed)
+	want := randomBytes(40<<20, seed+1)
 	f := createForWriting(t, s, "out")
 	writeInPieces(t, f, want[:4<<20], 0, nil)
-	if err := os.Rename(s.members[0].abs("out"), s.members[0].abs("moved")); err != nil {
-		t.Fatal(err)
-	}
-	other := []byte("another file, made where the first one was\n")
-	os.WriteFile(s.members[0].abs("out"), other, 0o644) //nolint:errcheck
+	change(s)
 	writeInPieces(t, f, want[4<<20:], 4<<20, func(off int) { waitExtraOpened(f, off) })
 	sf := f.(*sftpFile)
 	sf.st.mu.Lock()
-	refused := sf.st.decided && !sf.st.slow
+	gaveUp := sf.st.decided && !sf.st.slow
 	sf.st.mu.Unlock()
 	if err := f.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	return s, want, gaveUp
+}
+
+// TestStripedWriteRefusesAnotherFile: a file replaced on the server while it is written
+// (its path now names another file) is not opened again by path for striping: every
+// write reaches the file opened, and the new file at the path is left alone.
+func TestStripedWriteRefusesAnotherFile(t *testing.T) {
+	other := []byte("another file, made where the first one was\n")
+	s, want, refused := writeAroundAChange(t, 19, func(s *SFTP) {
+		if err := os.Rename(s.members[0].abs("out"), s.members[0].abs("moved")); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(s.members[0].abs("out"), other, 0o644) //nolint:errcheck
+	})
 	if !refused {
 		t.Error("no second open of the path was made and refused")
 	}
@@ -489,21 +500,11 @@ func TestStripedWriteRefusesAnotherFile(t *testing.T) {
 // cannot be opened again by its path; after the first failed open no more are tried
 // (each write would send one), and the writes go on through the file's own handle.
 func TestStripedWriteGivesUpOnAGonePath(t *testing.T) {
-	s, _, _ := stripeSource(t, time.Nanosecond, 0, 36)
-	want := randomBytes(40<<20, 37)
-	f := createForWriting(t, s, "out")
-	writeInPieces(t, f, want[:4<<20], 0, nil)
-	if err := os.Remove(s.members[0].abs("out")); err != nil {
-		t.Fatal(err)
-	}
-	writeInPieces(t, f, want[4<<20:], 4<<20, func(off int) { waitExtraOpened(f, off) })
-	sf := f.(*sftpFile)
-	sf.st.mu.Lock()
-	gaveUp := sf.st.decided && !sf.st.slow
-	sf.st.mu.Unlock()
-	if err := f.Close(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	_, _, gaveUp := writeAroundAChange(t, 36, func(s *SFTP) {
+		if err := os.Remove(s.members[0].abs("out")); err != nil {
+			t.Fatal(err)
+		}
+	})
 	if !gaveUp {
 		t.Error("opens of the removed path still tried after one failed")
 	}
