@@ -13,7 +13,9 @@ import (
 
 // delayProxy forwards connections to a loopback port, holding every piece of data half
 // of rtt in each direction (this kernel has no netem), and returns its own port. It
-// stops accepting when the test ends; its connections end with their peers.
+// stops accepting when the test ends; its connections end with their peers. (The bench
+// uses toxiproxy, a module of its own; here it would bring toxiproxy and its metrics
+// libraries into muxfs' own go.mod for one test.)
 func delayProxy(t *testing.T, to int, rtt time.Duration) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -347,11 +347,11 @@ func (f *sftpFile) WriteAt(ctx context.Context, p []byte, off int64) (int, error
 		return 0, f.s.fail(ctx, "write", f.path, f.flushLocked(ctx), nil)
 	}
 	f.ra.reset()
-	f.noteWriteLocked(ctx, off, len(p))
+	inOrder := f.noteWriteLocked(ctx, off, len(p))
 	for o := 0; o < len(p); {
 		step := f.handle().c.MaxWrite
 		chunk := p[o:min(len(p), o+step)]
-		if err := f.sendLocked(ctx, chunk, off+int64(o)); err != nil {
+		if err := f.sendLocked(ctx, chunk, off+int64(o), inOrder); err != nil {
 			f.flushLocked(ctx) //nolint:errcheck // err is the one to report
 			return 0, f.s.fail(ctx, "write", f.path, err, nil)
 		}

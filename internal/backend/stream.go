@@ -45,14 +45,13 @@ type writeBehind struct {
 	timer *time.Timer
 
 	// Striping of writes (stripe.go). nextOff is where the last write queued ends, and
-	// run how many bytes were written in order up to it; inOrder tells whether the
-	// write being queued continues them. onExtra counts the pending writes sent on
-	// extra handles, others the pending requests that are not in-order writes (changes
-	// of attributes, writes elsewhere): an in-order write goes on an extra handle only
-	// while others is 0, and nothing else is queued while onExtra is not.
+	// run how many bytes were written in order up to it. onExtra counts the pending
+	// writes sent on extra handles, others the pending requests that are not in-order
+	// writes (changes of attributes, writes elsewhere): an in-order write goes on an
+	// extra handle only while others is 0, and nothing else is queued while onExtra
+	// is not.
 	nextOff int64
 	run     int64
-	inOrder bool
 	onExtra int
 	others  int
 	turn    int
@@ -239,7 +238,7 @@ func (pw *pendingWrite) started() {
 // sendLocked sends a copy of data at off — or holds it for the writes that follow
 // (see writeBehind.held) — and waits for the oldest writes while the window is full.
 // A lost connection is dealt with when the write is waited for.
-func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64) error {
+func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64, inOrder bool) error {
 	wb := &f.wb
 	limit := f.handle().c.MaxWrite
 	if wb.held.Load() {
@@ -254,7 +253,7 @@ func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64) error
 		}
 		f.sendHeldLocked()
 	}
-	pw := pendingWrite{off: off, data: copyForReplay(data), inOrder: wb.inOrder}
+	pw := pendingWrite{off: off, data: copyForReplay(data), inOrder: inOrder}
 	if len(data) >= limit || len(wb.pending) == 0 {
 		// Large, or nothing ahead of it to wait behind: at once.
 		return f.queueLocked(ctx, pw)

@@ -212,7 +212,8 @@ func (f *sftpFile) handles() int {
 	return 1 + len(f.st.extra)
 }
 
-// noteWriteLocked records a write of n bytes at off, before it is queued. Writes on
+// noteWriteLocked records a write of n bytes at off, before it is queued, and tells
+// whether it continues the file's run of writes in order. Writes on
 // different sessions may reach the server in any order, so a write goes on an extra
 // handle only if it can overlap nothing in flight: it continues the file's run of
 // writes in order, and every request pending on the file is such a write
@@ -221,10 +222,10 @@ func (f *sftpFile) handles() int {
 // acknowledged; any other request waits until no write is in flight on an extra handle
 // (settleLocked), and then goes on the file's own handle, behind its writes. Once a
 // full window went out in order over a slow link, extra handles are opened.
-func (f *sftpFile) noteWriteLocked(ctx context.Context, off int64, n int) {
+func (f *sftpFile) noteWriteLocked(ctx context.Context, off int64, n int) (inOrder bool) {
 	wb := &f.wb
-	wb.inOrder = off == wb.nextOff && f.flags&os.O_APPEND == 0 // an append lands at the end, wherever that is
-	if !wb.inOrder {
+	inOrder = off == wb.nextOff && f.flags&os.O_APPEND == 0 // an append lands at the end, wherever that is
+	if !inOrder {
 		wb.run = 0
 		if f.striping() {
 			f.drainLocked(ctx)
@@ -232,9 +233,10 @@ func (f *sftpFile) noteWriteLocked(ctx context.Context, off int64, n int) {
 	}
 	wb.nextOff = off + int64(n)
 	wb.run += int64(n)
-	if wb.inOrder && wb.run >= stripeWriteAfter {
+	if inOrder && wb.run >= stripeWriteAfter {
 		f.stripeWritesLocked(ctx)
 	}
+	return inOrder
 }
 
 // striping tells whether writes may be in flight on extra handles.
