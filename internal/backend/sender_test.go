@@ -95,3 +95,52 @@ func TestRequestsFollowSentWrites(t *testing.T) {
 	}
 	closeAndCompare(t, f, filepath.Join(dir, "f"), want)
 }
+
+// TestReplayCopiesSized: a write sent and kept until acknowledged is kept in a copy of
+// about its size. Each took 256 KiB, so a random writer's 1,024 requests in flight
+// (the window bounds their bytes, 4 MiB of 4 KiB writes) held 256 MiB.
+func TestReplayCopiesSized(t *testing.T) {
+	s, dir := newTestSFTP(t)
+	ctx := context.Background()
+	f, err := s.Open(ctx, "f", os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sf := f.(*sftpFile)
+	want, size := make([]byte, 8<<20), 0
+	rnd := rand.New(rand.NewSource(5))
+	for i := range 1000 {
+		n := 1 + rnd.Intn(8<<10)
+		if i%3 == 0 { // some continue the write before: held, then merged into it
+			n = 4 << 10
+		}
+		off := rnd.Intn(len(want) - n - 4<<10)
+		p := randomBytes(n, int64(i))
+		if _, err := f.WriteAt(ctx, p, int64(off)); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+		copy(want[off:], p)
+		size = max(size, off+n)
+		if i%3 == 0 {
+			next := p[:2<<10]
+			size = max(size, off+n+len(next))
+			if _, err := f.WriteAt(ctx, next, int64(off+n)); err != nil {
+				t.Fatalf("write %d: %v", i, err)
+			}
+			copy(want[off+n:], next)
+		}
+		sf.wb.mu.Lock()
+		sent := sf.wb.pending
+		if sf.wb.held.Load() { // the held write keeps room for the writes that may continue it
+			sent = sent[:len(sent)-1]
+		}
+		for _, pw := range sent {
+			if c := cap(pw.data); c > 4<<10 && c >= 2*len(pw.data) {
+				sf.wb.mu.Unlock()
+				t.Fatalf("a write of %d bytes kept in a copy of %d", len(pw.data), c)
+			}
+		}
+		sf.wb.mu.Unlock()
+	}
+	closeAndCompare(t, f, filepath.Join(dir, "f"), want[:size])
+}

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/muxfs/muxfs/internal/bufpool"
 	"github.com/muxfs/muxfs/internal/sftp"
 )
 
@@ -170,28 +171,6 @@ func (s *sender) wait() {
 	}
 }
 
-// replayBufs recycles the copies of writes kept until acknowledged: one per request of
-// up to 255 KiB, so a fresh allocation each would feed the garbage collector at the
-// speed of the stream.
-var replayBufs = sync.Pool{New: func() any { b := make([]byte, 0, replayBuf); return &b }}
-
-const replayBuf = 256 << 10
-
-func copyForReplay(p []byte) []byte {
-	if len(p) > replayBuf {
-		return append([]byte(nil), p...)
-	}
-	b := *replayBufs.Get().(*[]byte)
-	return append(b[:0], p...)
-}
-
-func releaseReplay(b []byte) {
-	if cap(b) == replayBuf {
-		b = b[:0]
-		replayBufs.Put(&b)
-	}
-}
-
 // maxQueued bounds the requests in a file's queue whatever their size (tiny writes,
 // attribute changes), as writeWindow bounds its bytes.
 const maxQueued = 1024
@@ -244,7 +223,7 @@ func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64, inOrd
 	if wb.held.Load() {
 		last := &wb.pending[len(wb.pending)-1]
 		if last.set == nil && last.off+int64(len(last.data)) == off && len(last.data)+len(data) <= limit {
-			last.data = append(last.data, data...)
+			last.data = bufpool.Append(last.data, data)
 			wb.bytes += len(data)
 			if len(last.data) == limit {
 				f.sendHeldLocked()
@@ -253,11 +232,19 @@ func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64, inOrd
 		}
 		f.sendHeldLocked()
 	}
-	pw := pendingWrite{off: off, data: copyForReplay(data), inOrder: inOrder}
 	if len(data) >= limit || len(wb.pending) == 0 {
 		// Large, or nothing ahead of it to wait behind: at once.
-		return f.queueLocked(ctx, pw)
+		return f.queueLocked(ctx, pendingWrite{off: off, data: bufpool.Copy(data, 0), inOrder: inOrder})
 	}
+	// Held, in a copy of about its size (a random writer's small writes in flight are
+	// bounded in bytes by the window, not each in memory), but with room for a whole
+	// request if it continues the write before: a sequential writer's next writes
+	// are merged into it, and growing it as they came copied most bytes twice.
+	room := len(data)
+	if inOrder {
+		room = limit
+	}
+	pw := pendingWrite{off: off, data: bufpool.Copy(data, room), inOrder: inOrder}
 	return f.holdLocked(ctx, pw)
 }
 
@@ -338,7 +325,9 @@ func (f *sftpFile) sendHeld() {
 func (f *sftpFile) sendHeldLocked() {
 	wb := &f.wb
 	wb.timer.Stop()
-	f.startLocked(&wb.pending[len(wb.pending)-1])
+	pw := &wb.pending[len(wb.pending)-1]
+	pw.data = bufpool.Fit(pw.data) // the room left for merges is not kept while in flight
+	f.startLocked(pw)
 	// Cleared only once the write is on its way: a reader that finds nothing held
 	// (sendHeldNow looks without the lock) must find it sent or with the sender.
 	wb.held.Store(false)
@@ -367,7 +356,7 @@ func (f *sftpFile) queueLocked(ctx context.Context, pw pendingWrite) error {
 	if last.job == nil && last.startErr != nil && !connLost(last.startErr) {
 		err := last.startErr
 		wb.countLocked(last, -1)
-		releaseReplay(last.data)
+		bufpool.Release(last.data)
 		wb.pending = wb.pending[:len(wb.pending)-1]
 		return err
 	}
@@ -410,7 +399,7 @@ func (f *sftpFile) waitOldestLocked(ctx context.Context) {
 		}
 	}
 	wb.countLocked(&wb.pending[0], -1)
-	releaseReplay(wb.pending[0].data)
+	bufpool.Release(wb.pending[0].data)
 	wb.pending[0] = pendingWrite{}
 	wb.pending = wb.pending[1:]
 	if err != nil && wb.err == nil {

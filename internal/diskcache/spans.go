@@ -14,11 +14,14 @@ type span struct {
 	End int64 `json:"e"`
 }
 
-// add includes [off, end), merging with touching or overlapping spans. Binary search
-// and an in-place replace: random reads build thousands of spans.
-func (s spans) add(off, end int64) spans {
+// add includes [off, end), merging with touching or overlapping spans, and returns
+// the set and how many bytes it gained. Binary search and an in-place replace: random
+// reads and writes build thousands of spans, and the gain comes from the spans
+// replaced, not from a sum over all of them (which a random writer paid twice per
+// write).
+func (s spans) add(off, end int64) (spans, int64) {
 	if end <= off {
-		return s
+		return s, 0
 	}
 	// s[i:j] are the spans that touch or overlap [off, end).
 	i := sort.Search(len(s), func(k int) bool { return s[k].End >= off })
@@ -26,7 +29,11 @@ func (s spans) add(off, end int64) spans {
 	if i < j {
 		off, end = min(off, s[i].Off), max(end, s[j-1].End)
 	}
-	return slices.Replace(s, i, j, span{off, end})
+	gained := end - off
+	for _, sp := range s[i:j] {
+		gained -= sp.End - sp.Off
+	}
+	return slices.Replace(s, i, j, span{off, end}), gained
 }
 
 // covers reports whether [off, end) is wholly present.

@@ -24,9 +24,16 @@ func TestSpansAgainstBitmap(t *testing.T) {
 				}
 				continue
 			}
-			s = s.add(a, b)
+			var gained, fresh int64
+			s, gained = s.add(a, b)
 			for i := a; i < b; i++ {
+				if !model[i] {
+					fresh++
+				}
 				model[i] = true
+			}
+			if gained != fresh {
+				t.Fatalf("add(%d,%d) gained %d bytes, model %d: %v", a, b, gained, fresh, s)
 			}
 			for i := 1; i < len(s); i++ {
 				if s[i-1].End >= s[i].Off {

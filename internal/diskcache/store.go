@@ -623,7 +623,7 @@ func (e *entry) storeLocked(p []byte, off int64, fill bool) bool {
 				return false
 			}
 		} else {
-			e.queueLocked(f, p, off, !fill)
+			e.queueLocked(f, p, off)
 			if fill {
 				// Handed over at once, not gathered: a fill is one of the kernel's
 				// read-ahead READs (up to 1 MiB), and a gathered one left for the
@@ -649,9 +649,9 @@ func (c *Cache) writeNow(f *os.File, p []byte, off int64) error {
 }
 
 func (e *entry) addSpanLocked(off, end int64) {
-	before := e.rec.Spans.bytes()
-	e.rec.Spans = e.rec.Spans.add(off, end)
-	e.st.used.Add(e.rec.Spans.bytes() - before)
+	var gained int64
+	e.rec.Spans, gained = e.rec.Spans.add(off, end)
+	e.st.used.Add(gained)
 	e.dirty = true
 }
 

@@ -2,12 +2,13 @@ package diskcache
 
 import (
 	"errors"
-	"math/bits"
 	"os"
 	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/muxfs/muxfs/internal/bufpool"
 )
 
 // Data written through the mount reaches the cache's data file in the background.
@@ -78,67 +79,35 @@ type writeCount struct {
 	failed       bool
 }
 
-// poolBuf is the size of the largest pooled copies: a FUSE WRITE carries at most
-// 1 MiB, and a sequential writer's are gathered into one of this size.
-const (
-	poolBufBits = 20
-	poolBuf     = 1 << poolBufBits
-)
-
-// Copies are pooled by size, in powers of two from minPoolBuf up to poolBuf. A cold
-// read's fills, one per READ of the kernel's read-ahead (128–256 KiB), each took a
-// copy of poolBuf: with the queue full, 32 MiB held for 8 MiB of data. With copies of
-// their own size a cold 256 MiB read peaks at 63–91 MB of resident memory instead of
-// 90–123 MB at 0 ms, 45–49 instead of 91–93 at 2 ms, with half the page faults and
-// the same speed (rig, 2026-11-26, six and two alternated rounds; `-o cache=memory`:
-// 40 MB).
-const minPoolBuf = 4 << 10
-
-var writeBufs [poolBufBits + 1]sync.Pool
-
-// getBuf returns a pooled copy of at least n bytes (n at most poolBuf).
-func getBuf(n int) *[]byte {
-	c := max(bits.Len(uint(n-1)), bits.Len(minPoolBuf-1))
-	if b, ok := writeBufs[c].Get().(*[]byte); ok {
-		return b
-	}
-	b := make([]byte, 1<<c)
-	return &b
-}
-
-// putBuf returns a copy from getBuf to its pool.
-func putBuf(b *[]byte) {
-	if n := cap(*b); n >= minPoolBuf && n <= poolBuf && n&(n-1) == 0 {
-		*b = (*b)[:n]
-		writeBufs[bits.Len(uint(n-1))].Put(b)
-	}
-}
-
-// queueLocked queues p, to be written to the data file f at off. With gather (a
-// write through the mount), a write that continues the one before it (a sequential
-// writer's) is gathered with it into one buffer of up to poolBuf, handed to the
-// writer when full or when anything needs the data file (drainLocked): one write to
-// the data file and one wake-up of the writer per MiB, not per FUSE WRITE. Without (a
-// fill, handed over at once), p gets a copy of its own size. The caller holds e.mu;
-// if the queue is full it waits for the writer.
-func (e *entry) queueLocked(f *os.File, p []byte, off int64, gather bool) {
-	if g := e.gather; g != nil && g.f == f && off == g.off+int64(g.n) && g.n+len(p) <= len(*g.buf) {
+// queueLocked queues p, to be written to the data file f at off. A write that
+// continues the one before it (a sequential writer's) is gathered with it into one
+// buffer of up to bufpool.Max, handed to the writer when full or when anything needs
+// the data file (drainLocked): one write to the data file and one wake-up of the
+// writer per MiB, not per FUSE WRITE. A fill is handed over at once by the caller.
+// Every write starts in a copy of its own size, moved to one of bufpool.Max when the
+// next write continues it: a random writer's 4 KiB writes each held 1 MiB while
+// queued. The caller holds e.mu; if the queue is full it waits for the writer.
+func (e *entry) queueLocked(f *os.File, p []byte, off int64) {
+	if g := e.gather; g != nil && g.f == f && off == g.off+int64(g.n) && g.n+len(p) <= bufpool.Max {
+		if g.n+len(p) > len(*g.buf) {
+			grown := bufpool.Get(bufpool.Max)
+			copy(*grown, (*g.buf)[:g.n])
+			bufpool.Put(g.buf)
+			g.buf = grown
+		}
 		g.n += copy((*g.buf)[g.n:], p)
 	} else {
 		e.sendLocked()
 		var buf *[]byte
-		switch {
-		case len(p) > poolBuf:
+		if len(p) > bufpool.Max {
 			b := make([]byte, len(p))
 			buf = &b
-		case gather:
-			buf = getBuf(poolBuf)
-		default:
-			buf = getBuf(len(p))
+		} else {
+			buf = bufpool.Get(len(p))
 		}
 		e.gather = &cacheWrite{f: f, buf: buf, n: copy(*buf, p), off: off}
 	}
-	if e.gather.n == len(*e.gather.buf) {
+	if e.gather.n >= bufpool.Max {
 		e.sendLocked()
 	}
 }
@@ -253,7 +222,7 @@ func (c *Cache) writer() {
 		if err == nil {
 			err = c.write(w)
 		}
-		putBuf(w.buf)
+		bufpool.Put(w.buf)
 		w.q.mu.Lock()
 		w.q.failed = w.q.failed || err != nil
 		w.q.made++

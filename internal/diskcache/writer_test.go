@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/muxfs/muxfs/internal/backend"
+	"github.com/muxfs/muxfs/internal/bufpool"
 )
 
 // holdWriter holds the cache's writer back until the returned func is called (at
@@ -504,24 +505,47 @@ func TestFillsDoNotWaitForTheDisk(t *testing.T) {
 	remountAndRead(t, dir, remote, "r", want)
 }
 
-// TestPooledCopies: a copy comes in the smallest pooled size that holds it, and one of
-// direct I/O's sizes is aligned for it (else the writer falls back to the page cache).
-func TestPooledCopies(t *testing.T) {
-	for _, tc := range []struct{ n, want int }{
-		{1, minPoolBuf}, {4096, 4096}, {4097, 8192}, {200 << 10, 256 << 10},
-		{256 << 10, 256 << 10}, {poolBuf - 1, poolBuf}, {poolBuf, poolBuf},
-	} {
-		b := getBuf(tc.n)
-		if len(*b) != tc.want || cap(*b) != tc.want {
-			t.Errorf("copy for %d bytes: len %d, cap %d; want %d", tc.n, len(*b), cap(*b), tc.want)
+// TestQueuedCopiesSized: a write waits for the writer in a copy of its own size, and
+// one that continues it moves both into a buffer of bufpool.Max, where the next are
+// gathered — while the writer is held, 32 random 4 KiB writes held 32 MiB before.
+func TestQueuedCopiesSized(t *testing.T) {
+	c, s, _, _ := setup(t, t.TempDir(), Options{})
+	t.Cleanup(c.Close)
+	ctx := context.Background()
+	release := holdWriter(t, c)
+	want := data(4<<20, 23)
+	f := writeBig(t, s, "w", want)
+	defer f.Close(ctx) //nolint:errcheck
+	defer release()    // before the close, which waits for the writer
+	s.st.mu.Lock()
+	e := s.st.entries["w"]
+	s.st.mu.Unlock()
+	gathered := func() (n, size int) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.gather.n, len(*e.gather.buf)
+	}
+	write := func(p []byte, off int) {
+		t.Helper()
+		if _, err := f.WriteAt(ctx, p, int64(off)); err != nil {
+			t.Fatal(err)
 		}
-		if tc.n >= directMin && !aligned(*b, tc.want, 0) {
-			t.Errorf("copy for %d bytes not aligned for direct I/O", tc.n)
+		copy(want[off:], p)
+	}
+	const small = 4 << 10
+	for i := range writeQueue / 2 {
+		off := (4<<20 - small) - i*3*small // backwards, apart: nothing is gathered
+		write(data(small, int64(i)), off)
+		if n, size := gathered(); n != small || size != small {
+			t.Fatalf("random write %d waits with %d bytes in a copy of %d", i, n, size)
 		}
-		*b = (*b)[:1] // as the writer leaves it: putBuf must restore the length
-		putBuf(b)
-		if again := getBuf(tc.n); len(*again) != tc.want {
-			t.Errorf("pooled copy for %d bytes came back with len %d", tc.n, len(*again))
-		}
+	}
+	write(data(small, 99), 4<<20-small-(writeQueue/2-1)*3*small+small) // continues the last
+	if n, size := gathered(); n != 2*small || size != bufpool.Max {
+		t.Fatalf("a continued write: %d bytes gathered in a copy of %d, want %d in %d", n, size, 2*small, bufpool.Max)
+	}
+	release()
+	if got := readAll(t, s, "w"); !bytes.Equal(got, want) {
+		t.Fatal("the file read after the queued writes differs")
 	}
 }
