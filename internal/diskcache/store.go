@@ -31,6 +31,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/muxfs/muxfs/internal/backend"
+	"github.com/muxfs/muxfs/internal/bufpool"
 )
 
 // Options are the cache's limits.
@@ -678,13 +679,23 @@ func (e *entry) keepInMemLocked(p []byte, off int64) bool {
 	if (e.mem == nil && !fresh) || end > memFileMax {
 		return false
 	}
-	grow := max(end-int64(len(e.mem)), 0)
+	had := int64(len(e.mem))
+	grow := max(end-had, 0)
 	if e.st.c.memUsed.Add(grow) > memTotalMax {
 		e.st.c.memUsed.Add(-grow)
 		return false
 	}
 	if grow > 0 {
-		e.mem = append(e.mem, make([]byte, grow)...)
+		// Pooled (bufpool): an untar's small files, written a tar record at a time,
+		// made these copies a third of the bytes muxfs allocated, each growth a new
+		// one, all garbage once flushed.
+		if end > int64(cap(e.mem)) {
+			grown := bufpool.Copy(e.mem, int(end))
+			bufpool.Release(e.mem)
+			e.mem = grown
+		}
+		e.mem = e.mem[:end]
+		clear(e.mem[had:]) // a hole before off reads as zeros
 	}
 	copy(e.mem[off:], p)
 	return true
@@ -692,6 +703,7 @@ func (e *entry) keepInMemLocked(p []byte, off int64) bool {
 
 func (e *entry) dropMemLocked() {
 	e.st.c.memUsed.Add(-int64(len(e.mem)))
+	bufpool.Release(e.mem)
 	e.mem = nil
 }
 
