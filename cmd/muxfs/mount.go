@@ -595,6 +595,16 @@ func serve(cfg *config.Config, onReady func(mp string) error) error {
 			}
 		}
 	}
+	if file := os.Getenv("MUXFS_MEMPROFILE"); file != "" {
+		// The same for memory: what the mount allocated, by call stack, written
+		// at unmount (pprof's allocs profile; -sample_index=alloc_space).
+		defer func() {
+			if f, err := os.Create(file); err == nil {
+				pprof.Lookup("allocs").WriteTo(f, 0) //nolint:errcheck // a profile for a human
+				f.Close()
+			}
+		}()
+	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer cancel()
 	notifySystemd(log, "STATUS=connecting to "+fsName(cfg))
