@@ -50,12 +50,8 @@ func TestLargeWritesAnsweredBeforeSent(t *testing.T) {
 // a read, a stat, a change of size, a small write — reaches the server after it, so
 // it sees the write, though the write may still be with the file's sender.
 func TestRequestsFollowSentWrites(t *testing.T) {
-	s, dir := newTestSFTP(t)
+	_, dir, f := newCreated(t, "f", os.O_RDWR, 0o644)
 	ctx := context.Background()
-	f, err := s.Open(ctx, "f", os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
 	rnd := rand.New(rand.NewSource(3))
 	var want []byte
 	for i := range 200 {
@@ -100,12 +96,8 @@ func TestRequestsFollowSentWrites(t *testing.T) {
 // about its size. Each took 256 KiB, so a random writer's 1,024 requests in flight
 // (the window bounds their bytes, 4 MiB of 4 KiB writes) held 256 MiB.
 func TestReplayCopiesSized(t *testing.T) {
-	s, dir := newTestSFTP(t)
+	_, dir, f := newCreated(t, "f", os.O_RDWR, 0o644)
 	ctx := context.Background()
-	f, err := s.Open(ctx, "f", os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sf := f.(*sftpFile)
 	want, size := make([]byte, 8<<20), 0
 	rnd := rand.New(rand.NewSource(5))

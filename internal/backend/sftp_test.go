@@ -24,6 +24,18 @@ func newTestSFTP(t *testing.T) (*SFTP, string) {
 	return newTestSource(t, 0, dir, pool), dir
 }
 
+// newCreated is newTestSFTP with name created in the directory (flags, plus
+// O_CREATE|O_EXCL) and open.
+func newCreated(t *testing.T, name string, flags int, mode uint32) (*SFTP, string, File) {
+	t.Helper()
+	s, dir := newTestSFTP(t)
+	f, err := s.Open(context.Background(), name, flags|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, dir, f
+}
+
 const sftpServer = "/usr/lib/openssh/sftp-server"
 
 // newTestPool starts a pool whose sessions are OpenSSH's sftp-server, run by sh: the
@@ -114,12 +126,8 @@ func TestErrnoRecovery(t *testing.T) {
 }
 
 func TestSFTPBackendBasics(t *testing.T) {
-	s, dir := newTestSFTP(t)
+	s, dir, f := newCreated(t, "new", os.O_RDWR, 0o751)
 	ctx := context.Background()
-	f, err := s.Open(ctx, "new", os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o751)
-	if err != nil {
-		t.Fatal(err)
-	}
 	data := make([]byte, 3<<20+5)
 	for i := range data {
 		data[i] = byte(i * 7)
@@ -216,12 +224,8 @@ func exists(p string) bool { _, err := os.Lstat(p); return err == nil }
 // owner) go out behind the caller, queued after the writes, and are all in place once
 // Close returns; a change that may be refused is waited for and its error returned.
 func TestQueuedSetAttr(t *testing.T) {
-	s, dir := newTestSFTP(t)
+	s, dir, f := newCreated(t, "new", os.O_WRONLY, 0o600)
 	ctx := context.Background()
-	f, err := s.Open(ctx, "new", os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sf := f.(*sftpFile)
 	if sf.check != nil {
 		t.Error("an exclusive create waits for an identity check")
@@ -289,12 +293,8 @@ func TestQueuedSetAttr(t *testing.T) {
 // server before a later write (whose mtime must win over a held change of times), is
 // never taken for a write to merge with, and goes out by itself within holdFor.
 func TestHeldSetAttrOrder(t *testing.T) {
-	s, dir := newTestSFTP(t)
+	_, dir, f := newCreated(t, "f", os.O_WRONLY, 0o600)
 	ctx := context.Background()
-	f, err := s.Open(ctx, "f", os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
 	old := time.Unix(1e9, 0)
 	if err := f.SetAttr(ctx, SetAttr{Valid: SetTimes, Atime: old, Mtime: old}); err != nil {
 		t.Fatal(err)
@@ -439,12 +439,8 @@ func TestLchmodUnsupported(t *testing.T) {
 // a write elsewhere, the close — sees them; a held write goes out on its own within
 // holdFor.
 func TestSmallWritesCoalesced(t *testing.T) {
-	s, dir := newTestSFTP(t)
+	_, dir, f := newCreated(t, "log", os.O_RDWR, 0o600)
 	ctx := context.Background()
-	f, err := s.Open(ctx, "log", os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sf := f.(*sftpFile)
 	sent := func() int64 { return sf.handle().c.Stats().BytesOut }
 	before := sent()
