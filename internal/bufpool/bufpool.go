@@ -1,6 +1,6 @@
 // Package bufpool recycles byte buffers in power-of-two sizes from 4 KiB to 1 MiB, so
-// that a copy of n bytes holds at most about 2n bytes of memory however many are
-// held at once — not the largest size any caller might need. A random writer's 4 KiB
+// that a copy of n bytes holds less than 2n bytes of memory (4 KiB at least) however
+// many are held at once — not the largest size any caller might need. A random writer's 4 KiB
 // writes each took a 256 KiB copy while they waited for the server's acknowledgement
 // and a 1 MiB one while they waited for the persistent cache's writer: up to 1,024 of
 // the first per file (256 MiB of memory for 4 MiB of data, the write-behind window
