@@ -55,6 +55,9 @@ type Cache struct {
 	done   chan struct{}
 
 	memUsed atomic.Int64 // bytes held in entries' mem, over all stores
+	// flushSoon asks loop for a round before its tick: the data held in memory
+	// passed memFlushAt.
+	flushSoon chan struct{}
 
 	writes     chan cacheWrite // to the writer (writer.go)
 	writerDone chan struct{}
@@ -101,7 +104,7 @@ func Open(dir string, opts Options, log *slog.Logger) (*Cache, error) {
 		log.Warn("cache directory was open to others; made it 0700", "dir", dir)
 	}
 	c := &Cache{Dir: dir, opts: opts, log: log, quit: make(chan struct{}), done: make(chan struct{}),
-		writes: make(chan cacheWrite, writeQueue), writerDone: make(chan struct{})}
+		writes: make(chan cacheWrite, writeQueue), writerDone: make(chan struct{}), flushSoon: make(chan struct{}, 1)}
 	go c.loop()
 	go c.writer()
 	return c, nil
@@ -123,13 +126,14 @@ func (c *Cache) Close() {
 
 func (c *Cache) loop() {
 	defer close(c.done)
-	tick := time.NewTicker(time.Second)
+	tick := time.NewTicker(flushTick)
 	defer tick.Stop()
 	for {
 		select {
 		case <-c.quit:
 			return
 		case <-tick.C:
+		case <-c.flushSoon:
 		}
 		c.mu.Lock()
 		stores := append([]*Store(nil), c.stores...)
@@ -334,11 +338,19 @@ type entry struct {
 var errDetached = errors.New("cache entry detached from its path")
 
 // Bounds of the data held in memory until the next commit: per file (the content
-// prefetch's small files, an untar's or a build's outputs) and in all.
+// prefetch's small files, an untar's or a build's outputs) and in all. Past
+// memFlushAt the commit comes before the next tick: a cold `grep -r` at 0 ms fetched
+// about 30 MB a second, and each commit holds that data twice more for a moment
+// (the inline copies, the database's pages), which with the garbage collector's
+// headroom made the mount's peak memory 210 MB for 25 MB of live data at rest.
 const (
 	memFileMax  = 256 << 10
 	memTotalMax = 64 << 20
+	memFlushAt  = 8 << 20
 )
+
+// flushTick is how often the cache commits what it holds (a variable for tests).
+var flushTick = time.Second
 
 func (st *Store) dataPath(p string) string {
 	sum := sha256.Sum256([]byte(p))
@@ -681,9 +693,15 @@ func (e *entry) keepInMemLocked(p []byte, off int64) bool {
 	}
 	had := int64(len(e.mem))
 	grow := max(end-had, 0)
-	if e.st.c.memUsed.Add(grow) > memTotalMax {
+	switch used := e.st.c.memUsed.Add(grow); {
+	case used > memTotalMax:
 		e.st.c.memUsed.Add(-grow)
 		return false
+	case used > memFlushAt && used-grow <= memFlushAt:
+		select {
+		case e.st.c.flushSoon <- struct{}{}:
+		default: // a round is asked for already
+		}
 	}
 	if grow > 0 {
 		// Pooled (bufpool): an untar's small files, written a tar record at a time,

@@ -3,6 +3,7 @@ package diskcache
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand"
@@ -700,6 +701,32 @@ func TestSmallFileHeldUntilCommit(t *testing.T) {
 	}
 	if n := cb2.read.Load(); n != 0 {
 		t.Errorf("reads after the remount fetched %d bytes from the server", n)
+	}
+}
+
+// TestManySmallFilesFlushedEarly: past memFlushAt of data held in memory the cache
+// commits at once instead of at its next round, so that a walk fetching file after
+// file does not hold a round's worth.
+func TestManySmallFilesFlushedEarly(t *testing.T) {
+	defer func(d time.Duration) { flushTick = d }(flushTick)
+	flushTick = time.Hour
+	c, s, _, remote := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	const size, files = 200 << 10, memFlushAt/(200<<10) + 2
+	for i := range files {
+		p := filepath.Join(remote, fmt.Sprint(i))
+		os.WriteFile(p, data(size, int64(i)), 0o644) //nolint:errcheck
+		os.Chtimes(p, time.Now(), time.Unix(1e9, 0)) //nolint:errcheck // not racy
+	}
+	for i := range files {
+		if got := readAll(t, s, fmt.Sprint(i)); len(got) != size {
+			t.Fatalf("file %d read %d bytes", i, len(got))
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); s.st.c.memUsed.Load() > memFlushAt; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes still held in memory 10 s after passing %d", s.st.c.memUsed.Load(), memFlushAt)
+		}
 	}
 }
 
