@@ -30,6 +30,9 @@ type env struct {
 	// cacheGen numbers muxfs' persistent cache directories: each cold mount gets a
 	// new, empty one (see session.remount).
 	cacheGen int
+	// mountGroups are the process groups of the mount commands run since the last
+	// unmount (e.mount), for the memory reading (peakMemory).
+	mountGroups []int
 }
 
 func newEnv(root, muxfsBin string, rtts []time.Duration) (*env, error) {

@@ -17,7 +17,7 @@ var (
 	failLine = regexp.MustCompile(`^\S+ (\S+) (\S+) (\S+): (.*)$`)
 	// A rep line is summary's output: "name=value+unit" pairs joined by spaces, the
 	// names free text without "=" (spaces, apostrophes, commas).
-	valueRe = regexp.MustCompile(`\s*([^=]+?)=([0-9.e+]+)(MB/s|IOPS|files/s|s)(?:\s|$)`)
+	valueRe = regexp.MustCompile(`\s*([^=]+?)=([0-9.e+]+)(MB/s|MB|IOPS|files/s|s)(?:\s|$)`)
 	// The host's steal during a measurement kept ("... (steal 0.4%)" at the end of a
 	// rep line), a measurement taken again ("... rep 1 retaken, steal 12.3%: ..."),
 	// and the run's limit ("max steal: 5%, 2 retakes").
@@ -74,7 +74,7 @@ func loadLog(file string) (*store, error) {
 				if err != nil {
 					continue
 				}
-				s.add(rtt, m[2], m[3], result{metric: strings.TrimSpace(v[1]), unit: v[3], value: x, higher: v[3] != "s"})
+				s.add(rtt, m[2], m[3], result{metric: strings.TrimSpace(v[1]), unit: v[3], value: x, higher: !lowerIsBetter(v[3])})
 			}
 			continue
 		}

@@ -20,6 +20,8 @@ func TestLogRoundTrip(t *testing.T) {
 		{"ls -lR after remount", "s", 0.412, false},
 		{"untar", "files/s", 565, true},
 		{"randread", "IOPS", 10564, true},
+		{memoryMetric, "MB", 61.2, false},
+		{memoryMetric + " of a big mount", "MB", 1234, false},
 	}
 	line := fmt.Sprintf("18:19:41 %v warm muxfs rep 1: %s\n", 2*time.Millisecond, summary(res))
 	const machine = "2 cores, 24683656 kB RAM, Linux 6.18.44, OpenSSH_9.2p1"

@@ -315,12 +315,17 @@ func (b *bench) measure(w workload, sys system, rtt time.Duration, rep int) bool
 		fatal(err)
 	}
 	name := fmt.Sprintf("%v %s %s rep %d", rtt, w.name, sys.name, rep+1)
-	res, steal, err := b.steady(name, func() ([]result, error) {
+	res, steal, err := b.steady(name, func() (res []result, err error) {
 		s, err := b.env.open(sys, rtt, dir, w.name == "union")
 		if err != nil {
 			return nil, err
 		}
-		defer s.close()
+		defer func() {
+			s.close()
+			if err == nil {
+				res = append(res, s.memory()...)
+			}
+		}()
 		s.round = rep
 		return w.run(b, s, rtt)
 	})

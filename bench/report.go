@@ -43,6 +43,15 @@ type store struct {
 	stealGaveUp bool
 }
 
+// memoryMetric is the column of every workload's table that says how much memory each
+// system took for it (session.memory). Lower is better; the charts, which compare
+// speeds, leave it out.
+const memoryMetric = "peak RSS"
+
+// lowerIsBetter says whether a reading in unit is better the smaller it is: a time or
+// an amount of memory, where the rest are rates.
+func lowerIsBetter(unit string) bool { return unit == "s" || unit == "MB" }
+
 func newStore() *store {
 	return &store{values: map[cellKey][]float64{}, units: map[string]string{}, higher: map[string]bool{},
 		metrics: map[string][]string{}, errors: map[cellKey]string{}}
@@ -430,7 +439,7 @@ func (s *store) chart(file string, rtt time.Duration, w string) error {
 	// directly) have nothing to be relative to.
 	var metrics []string
 	for _, m := range s.metrics[w] {
-		if _, ok := s.med(rtt, w, m, base); ok {
+		if _, ok := s.med(rtt, w, m, base); ok && m != memoryMetric {
 			metrics = append(metrics, m)
 		}
 	}

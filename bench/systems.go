@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/muxfs/muxfs/internal/mountinfo"
@@ -50,10 +51,10 @@ const sshfsTuned = "max_conns=4,kernel_cache,Ciphers=aes128-gcm@openssh.com"
 var systems = []system{
 	{name: "local", local: true},
 	{name: "sshfs", mount: func(e *env, port int, dir, mp string) error {
-		return run("sshfs", "-o", sshfsOpts(e, port, ""), fmt.Sprintf("%s@127.0.0.1:%s", e.server.User, dir), mp)
+		return e.mount("sshfs", "-o", sshfsOpts(e, port, ""), fmt.Sprintf("%s@127.0.0.1:%s", e.server.User, dir), mp)
 	}},
 	{name: "sshfs-tuned", mount: func(e *env, port int, dir, mp string) error {
-		return run("sshfs", "-o", sshfsOpts(e, port, sshfsTuned), fmt.Sprintf("%s@127.0.0.1:%s", e.server.User, dir), mp)
+		return e.mount("sshfs", "-o", sshfsOpts(e, port, sshfsTuned), fmt.Sprintf("%s@127.0.0.1:%s", e.server.User, dir), mp)
 	}},
 	{name: "rclone", mount: func(e *env, port int, dir, mp string) error { return rcloneMount(e, port, dir, mp, "off") }},
 	{name: "rclone-full", mount: func(e *env, port int, dir, mp string) error { return rcloneMount(e, port, dir, mp, "full") },
@@ -85,7 +86,7 @@ func muxfsMount(e *env, port int, dirs []string, mp string, extra ...string) err
 	for _, dir := range dirs {
 		args = append(args, fmt.Sprintf("sftp://%s@127.0.0.1:%d%s", e.server.User, port, dir))
 	}
-	return run(e.muxfs, append(args, mp)...)
+	return e.mount(e.muxfs, append(args, mp)...)
 }
 
 // unionMembers are the directories of the union workload's two members on the
@@ -113,7 +114,7 @@ func mergerfsMount(e *env, port int, dir, mp, sshfsExtra, opts string) (err erro
 		if err := os.MkdirAll(parts[i], 0o755); err != nil {
 			return err
 		}
-		if err := run("sshfs", "-o", sshfsOpts(e, port, sshfsExtra), fmt.Sprintf("%s@127.0.0.1:%s", e.server.User, member), parts[i]); err != nil {
+		if err := e.mount("sshfs", "-o", sshfsOpts(e, port, sshfsExtra), fmt.Sprintf("%s@127.0.0.1:%s", e.server.User, member), parts[i]); err != nil {
 			return err
 		}
 	}
@@ -121,7 +122,7 @@ func mergerfsMount(e *env, port int, dir, mp, sshfsExtra, opts string) (err erro
 	if opts != "" {
 		args = append([]string{"-o", opts}, args...)
 	}
-	return run("mergerfs", args...)
+	return e.mount("mergerfs", args...)
 }
 
 // muxfsCaches holds muxfs' persistent cache directories.
@@ -137,7 +138,7 @@ func rcloneMount(e *env, port int, dir, mp, mode string) error {
 	if mode != "off" {
 		args = append(args, "--cache-dir", rcloneCache(e, mp))
 	}
-	if err := run("rclone", args...); err != nil {
+	if err := e.mount("rclone", args...); err != nil {
 		return err
 	}
 	return waitMounted(mp)
@@ -148,12 +149,29 @@ func rcloneCache(e *env, mp string) string {
 	return filepath.Join(e.root, "rclone-cache", filepath.Base(mp))
 }
 
-func run(name string, args ...string) error {
-	out, err := exec.Command(name, args...).CombinedOutput()
+func run(name string, args ...string) error { return runCmd(exec.Command(name, args...)) }
+
+// runCmd runs cmd; its error says what failed and ends with what the command printed.
+func runCmd(cmd *exec.Cmd) error {
+	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("%s: %v: %s", name, err, tail(string(out)))
+		return fmt.Errorf("%s: %v: %s", cmd.Args[0], err, tail(string(out)))
 	}
 	return nil
+}
+
+// mount runs a command that mounts a file system, in a process group of its own, and
+// notes the group: what the command starts before it goes to the background — sshfs'
+// first ssh, which then outlives its parent and belongs to no process of the mount —
+// stays in it, so that the memory reading finds it.
+func (e *env) mount(name string, args ...string) error {
+	cmd := exec.Command(name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err := runCmd(cmd)
+	if cmd.Process != nil {
+		e.mountGroups = append(e.mountGroups, cmd.Process.Pid)
+	}
+	return err
 }
 
 func isMounted(mp string) bool { return mountinfo.IsMounted(mp) }
@@ -216,6 +234,9 @@ type session struct {
 	// round is the repetition this session runs, for workloads that change the
 	// order of their readings from one to the next.
 	round int
+	// peak is the most memory the system took in any of the session's mounts, read
+	// as each ends (peakMemory).
+	peak uint64
 }
 
 func (e *env) open(sys system, rtt time.Duration, dir string, union bool) (*session, error) {
@@ -270,8 +291,15 @@ func (s *session) mount(extra ...string) error {
 	return s.sys.mount(s.e, s.port, s.dir, s.mp)
 }
 
-// unmount unmounts the session's system and the mounts it is made of.
+// unmount unmounts the session's system and the mounts it is made of, noting the
+// memory it took.
 func (s *session) unmount() {
+	mps := []string{s.mp}
+	if s.sys.parts != nil {
+		mps = append(mps, s.sys.parts(s.mp)...)
+	}
+	s.peak = max(s.peak, peakMemory(mps, s.e.mountGroups))
+	s.e.mountGroups = nil
 	unmount(s.mp)
 	if s.sys.parts != nil {
 		for _, p := range s.sys.parts(s.mp) {
@@ -303,4 +331,13 @@ func (s *session) close() {
 	if s.sys.muxfs {
 		os.RemoveAll(s.e.muxfsCaches()) //nolint:errcheck // the next session mounts a new one
 	}
+}
+
+// memory is the session's reading of the memory its system took, once closed; none
+// for local, which has no process of its own.
+func (s *session) memory() []result {
+	if s.peak == 0 {
+		return nil
+	}
+	return []result{{metric: memoryMetric, unit: "MB", value: float64(s.peak) / 1e6}}
 }
