@@ -49,7 +49,7 @@ var workloads = []workload{
 		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: treeWorkload,
 		skip: func(sys string, rtt time.Duration) string {
 			if sys != "local" && !strings.HasPrefix(sys, "mergerfs") && !strings.HasPrefix(sys, "muxfs") {
-				return "the union workload compares muxfs' union with mergerfs over sshfs"
+				return "not run: the union workload compares muxfs' union with mergerfs over sshfs"
 			}
 			return ""
 		}},
