@@ -342,7 +342,7 @@ var errDetached = errors.New("cache entry detached from its path")
 // memFlushAt the commit comes before the next tick: a cold `grep -r` at 0 ms fetched
 // about 30 MB a second, and each commit holds that data twice more for a moment
 // (the inline copies, the database's pages), which with the garbage collector's
-// headroom made the mount's peak memory 210 MB for 25 MB of live data at rest.
+// headroom made a walk's peak memory 226–261 MB for 25 MB of live data at rest.
 const (
 	memFileMax  = 256 << 10
 	memTotalMax = 64 << 20
