@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -33,6 +34,9 @@ func unmountAndWait(t *testing.T, mp string, cmd *exec.Cmd) {
 
 // cacheStatus is the part of `muxfs status --json` these tests read.
 type cacheStatus struct {
+	PID     int
+	RSS     int64 `json:"rss_bytes"`
+	PeakRSS int64 `json:"peak_rss_bytes"`
 	Sources []struct {
 		Source           string
 		State            string
@@ -44,6 +48,26 @@ type cacheStatus struct {
 			BytesRead int64 `json:"bytes_read"`
 		}
 	}
+}
+
+// peakRSS is the peak resident memory of process pid, in bytes (VmHWM).
+func peakRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kib, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kib << 10
+		}
+	}
+	t.Fatalf("process %d: no VmHWM", pid)
+	return 0
 }
 
 func statusOf(t *testing.T, mp string) cacheStatus {
@@ -112,6 +136,15 @@ func TestPersistentCacheAcrossRemount(t *testing.T) {
 		t.Errorf("after the remount %d bytes of file data came from the server (want only the changed file)", read)
 	}
 	t.Logf("after remount: %d bytes from the server, %d from the cache (the rest straight from the cache file by passthrough)", s.Members[0].BytesRead, s.DiskHitBytes)
+
+	// The mount's memory, as the kernel counts it: its peak read before and after
+	// the status call brackets the status' own.
+	pid := statusOf(t, mp).PID
+	before := peakRSS(t, pid)
+	ms := statusOf(t, mp)
+	if after := peakRSS(t, pid); ms.PeakRSS < before || ms.PeakRSS > after || ms.RSS <= 0 || ms.RSS > ms.PeakRSS {
+		t.Errorf("status gives memory %d, peak %d; the kernel's peak was %d before and %d after", ms.RSS, ms.PeakRSS, before, after)
+	}
 
 	// Changed behind muxfs' back while mounted: seen at the next open.
 	serverFile(t, e.data[0]+"/changes", []byte("version 3"))

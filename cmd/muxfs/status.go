@@ -29,7 +29,8 @@ its state (up, degraded: a replica member is out, connecting, down, offline: ser
 from the persistent cache, local), SSH
 sessions, round-trip time, requests in flight, bytes read and written, errors,
 requests retried after a lost connection, reconnects, memory-cache hits, and the
-persistent cache's size and share of file data read from it.`,
+persistent cache's size and share of file data read from it; and the mount's
+resident memory, now and at its peak.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var mps []string
@@ -93,8 +94,12 @@ persistent cache's size and share of file data read from it.`,
 }
 
 func printStatus(out io.Writer, st mountStatus) {
-	fmt.Fprintf(out, "muxfs on %s (pid %d, up %s)\n", st.Mountpoint, st.PID,
-		(time.Duration(st.Uptime) * time.Second).Round(time.Second))
+	memory := ""
+	if st.RSS > 0 {
+		memory = fmt.Sprintf(", memory %s, peak %s", fmtBytes(st.RSS), fmtBytes(st.PeakRSS))
+	}
+	fmt.Fprintf(out, "muxfs on %s (pid %d, up %s%s)\n", st.Mountpoint, st.PID,
+		(time.Duration(st.Uptime) * time.Second).Round(time.Second), memory)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SOURCE\tAT\tSTATE\tSESSIONS\tRTT\tIN FLIGHT\tREAD\tWRITTEN\tERRORS\tRETRIED\tRECONNECTS\tCACHE HITS\tDISK CACHE")
 	for _, s := range st.Sources {
