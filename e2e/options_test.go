@@ -83,3 +83,99 @@ func TestMountOptions(t *testing.T) {
 		}
 	})
 }
+
+// TestSetIDBitsLikeLocal: the set-user-ID and set-group-ID bits end as on a local file
+// system — cleared by a change of owner and by another user's write or truncation,
+// kept through root's and on a directory, and set by a mode given after the owner (as
+// tar does) — now that muxfs clears them itself instead of the kernel asking for the
+// mode before every chown (CAP_HANDLE_KILLPRIV).
+func TestSetIDBitsLikeLocal(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to act as another user")
+	}
+	e := newEnv(t, 1)
+	mp := e.mount("-o", "allow_other", e.source(0, ""))
+	os.Chmod(filepath.Dir(e.tmp), 0o755) //nolint:errcheck // the test's own temp dir is 0700
+	local := filepath.Join(e.tmp, "local")
+	if err := os.Mkdir(local, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	asNobody := func(script string) error {
+		cmd := exec.Command("/bin/sh", "-c", script)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: %v %s", script, err, out)
+		}
+		return nil
+	}
+	cases := []struct {
+		name string
+		dir  bool
+		mode uint32
+		act  func(p string) error
+	}{
+		{"chown", false, 0o6775, func(p string) error { return os.Chown(p, 0, 0) }},
+		{"chown, group not executable", false, 0o2765, func(p string) error { return os.Chown(p, 0, 0) }},
+		{"chown to -1 -1", false, 0o4755, func(p string) error { return os.Chown(p, -1, -1) }},
+		{"chown of a directory", true, 0o6775, func(p string) error { return os.Chown(p, 65534, 65534) }},
+		{"write by another user", false, 0o4777, func(p string) error { return asNobody("echo more >> " + p) }},
+		{"truncation by another user", false, 0o6777, func(p string) error { return asNobody("truncate -s 1 " + p) }},
+		{"write by root", false, 0o4777, func(p string) error {
+			f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				return err
+			}
+			f.WriteString("more") //nolint:errcheck // Close reports it
+			return f.Close()
+		}},
+		{"truncation by root", false, 0o6777, func(p string) error { return os.Truncate(p, 1) }},
+		{"tar: owner, then mode", false, 0o600, func(p string) error {
+			f, err := os.OpenFile(p+"-new", os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if err != nil {
+				return err
+			}
+			f.WriteString("data")               //nolint:errcheck // Close reports it
+			f.Chown(65534, 65534)               //nolint:errcheck // the mode shows it
+			syscall.Fchmod(int(f.Fd()), 0o4755) //nolint:errcheck // the mode shows it
+			if err := f.Close(); err != nil {
+				return err
+			}
+			return os.Rename(p+"-new", p)
+		}},
+	}
+	modeOf := func(p string) uint32 {
+		var st syscall.Stat_t
+		if err := syscall.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Mode & 0o7777
+	}
+	for i, c := range cases {
+		name := fmt.Sprintf("f%d", i)
+		for _, dir := range []string{local, mp} {
+			p := filepath.Join(dir, name)
+			var err error
+			if c.dir {
+				err = os.Mkdir(p, 0o755)
+			} else {
+				err = os.WriteFile(p, []byte("data"), 0o644)
+			}
+			if err == nil {
+				err = syscall.Chmod(p, c.mode)
+			}
+			if err == nil {
+				err = c.act(p)
+			}
+			if err != nil {
+				t.Fatalf("%s in %s: %v", c.name, dir, err)
+			}
+		}
+		want := modeOf(filepath.Join(local, name))
+		if got := modeOf(filepath.Join(mp, name)); got != want {
+			t.Errorf("%s: mode %04o through the mount, %04o on a local file system", c.name, got, want)
+		}
+		if got := modeOf(filepath.Join(e.data[0], name)); got != want {
+			t.Errorf("%s: mode %04o on the server, %04o on a local file system", c.name, got, want)
+		}
+	}
+}

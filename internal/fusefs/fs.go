@@ -128,6 +128,9 @@ func (f *FS) Mount(mountpoint string, o Options) (*fuse.Server, error) {
 			// answer EOPNOTSUPP without asking again).
 			DisableXAttrs: true,
 			Debug:         o.Debug,
+			// muxfs clears set-user-ID and set-group-ID bits itself (dropsPrivs):
+			// the kernel then sends no GETATTR before a change of owner.
+			ExtraCapabilities: fuse.CAP_HANDLE_KILLPRIV,
 		},
 		// Explicit timeouts: a nil field in a non-nil fs.Options means zero.
 		EntryTimeout:    &entry,

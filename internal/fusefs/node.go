@@ -246,15 +246,28 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	gid, gok := in.GetGID()
 	atime, aok := in.GetATime()
 	mtime, mok := in.GetMTime()
-	if (uok != gok) || (aok != mok) {
-		// SFTP sets uid with gid and atime with mtime: fill the omitted one in, from
-		// the writers' view of the file if it is being written (no request).
-		cur, ok := n.writersAttr()
-		if !ok {
+	// The file's attributes now, from the writers' view of the file if it is being
+	// written (no request), asked for once if needed.
+	var cur backend.Attr
+	haveCur := false
+	current := func() syscall.Errno {
+		if haveCur {
+			return 0
+		}
+		var ok bool
+		if cur, ok = n.writersAttr(); !ok {
 			var err error
 			if cur, err = l.Branches[branch].Backend.Lstat(ctx, rel); err != nil {
 				return n.fsys.toErrno(err)
 			}
+		}
+		haveCur = true
+		return 0
+	}
+	if (uok != gok) || (aok != mok) {
+		// SFTP sets uid with gid and atime with mtime: fill the omitted one in.
+		if errno := current(); errno != 0 {
+			return errno
 		}
 		if !uok {
 			uid = cur.UID
@@ -276,6 +289,15 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	if aok || mok {
 		set.Valid |= backend.SetTimes
 		set.Atime, set.Mtime = atime, mtime
+	}
+	if !n.IsDir() && set.Valid&backend.SetMode == 0 && dropsPrivs(ctx, set) {
+		if errno := current(); errno != 0 {
+			return errno
+		}
+		if m, ok := withoutPrivs(cur.Mode); ok {
+			set.Valid |= backend.SetMode
+			set.Mode = m
+		}
 	}
 	if set.Valid == 0 {
 		if errno := n.flushWriters(ctx); errno != 0 {
@@ -315,6 +337,34 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		h.applied(set)
 	}
 	return n.setattrAnswer(ctx, fh, out)
+}
+
+// The mount clears set-user-ID and set-group-ID bits itself, as Linux does on a local
+// file system (fs.go asks for it with CAP_HANDLE_KILLPRIV): otherwise the kernel sends
+// a GETATTR before every change of owner to work out the mode, and tar, cp -a and
+// rsync change the owner of every file they write. dropsPrivs tells a change that
+// clears them: a change of owner (chown(2) clears them whoever calls it), a
+// truncation by a caller other than root (who alone is taken to hold CAP_FSETID), and
+// the SETATTR that changes nothing, which the kernel sends before a write or a chown
+// that must clear them.
+func dropsPrivs(ctx context.Context, set backend.SetAttr) bool {
+	if set.Valid == 0 || set.Valid&backend.SetOwner != 0 {
+		return true
+	}
+	caller, ok := fuse.FromContext(ctx)
+	return set.Valid&backend.SetSize != 0 && ok && caller.Uid != 0
+}
+
+// withoutPrivs is mode's permission bits without set-user-ID, and without
+// set-group-ID where the group may execute (without it, the bit marks mandatory
+// locking, which a change of owner or content leaves); ok if that changed them.
+func withoutPrivs(mode uint32) (uint32, bool) {
+	m := mode & 0o7777
+	m &^= syscall.S_ISUID
+	if m&syscall.S_IXGRP != 0 {
+		m &^= syscall.S_ISGID
+	}
+	return m, m != mode&0o7777
 }
 
 // setattrAnswer fills a SETATTR's answer: the attributes now, valid as long as a

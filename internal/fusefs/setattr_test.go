@@ -136,3 +136,30 @@ func TestSetattrKeepsAttributes(t *testing.T) {
 		}
 	}
 }
+
+// TestChownAsksNoMode: a change of owner costs one request, the SETATTR. Without
+// CAP_HANDLE_KILLPRIV the kernel first sends a GETATTR, to work out which set-ID bits
+// the change clears (tar, cp -a and rsync change the owner of every file they write);
+// muxfs clears them itself (TestSetIDBitsLikeLocal in e2e checks which).
+func TestChownAsksNoMode(t *testing.T) {
+	_, local := localDir(t)
+	mp, reqs := mountLogged(t, local)
+	f, err := os.Create(filepath.Join(mp, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write([]byte("data")); err != nil {
+		t.Fatal(err)
+	}
+	from := logSize(t, reqs)
+	if err := f.Chown(os.Getuid(), os.Getgid()); err != nil {
+		t.Fatal(err)
+	}
+	if n := requestsSince(t, reqs, "GETATTR", from); n != 0 {
+		t.Errorf("fchown sent %d GETATTR requests before its SETATTR; want none:\n%s", n, logSince(t, reqs, from))
+	}
+	if n := requestsSince(t, reqs, "SETATTR", from); n != 1 {
+		t.Errorf("fchown sent %d SETATTR requests; want 1", n)
+	}
+}
