@@ -99,22 +99,29 @@ func logSize(t *testing.T, f *os.File) int64 {
 	return st.Size()
 }
 
+// mountWithWrittenFile mounts a local directory with the request log on, and creates a
+// file of 4 bytes in it, left open for the test.
+func mountWithWrittenFile(t *testing.T) (f, reqs *os.File) {
+	t.Helper()
+	_, local := localDir(t)
+	mp, reqs := mountLogged(t, local)
+	f, err := os.Create(filepath.Join(mp, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() }) // before the unmount, registered earlier
+	if _, err := f.Write([]byte("data")); err != nil {
+		t.Fatal(err)
+	}
+	return f, reqs
+}
+
 // TestSetattrKeepsAttributes: the attributes a SETATTR answers with are kept by the
 // kernel like a GETATTR's, so the fstat that programs make after futimens or fchmod
 // (tar: every file it extracts) costs no further request. go-fuse's bridge gives
 // SETATTR answers no validity of their own.
 func TestSetattrKeepsAttributes(t *testing.T) {
-	_, local := localDir(t)
-	mp, reqs := mountLogged(t, local)
-
-	f, err := os.Create(filepath.Join(mp, "f"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.Write([]byte("data")); err != nil {
-		t.Fatal(err)
-	}
+	f, reqs := mountWithWrittenFile(t)
 	ts := []unix.Timespec{unix.NsecToTimespec(1e18), unix.NsecToTimespec(1e18)}
 	for _, change := range []func() error{
 		func() error { return unix.UtimesNanoAt(unix.AT_FDCWD, f.Name(), ts, 0) },
@@ -142,16 +149,7 @@ func TestSetattrKeepsAttributes(t *testing.T) {
 // the change clears (tar, cp -a and rsync change the owner of every file they write);
 // muxfs clears them itself (TestSetIDBitsLikeLocal in e2e checks which).
 func TestChownAsksNoMode(t *testing.T) {
-	_, local := localDir(t)
-	mp, reqs := mountLogged(t, local)
-	f, err := os.Create(filepath.Join(mp, "f"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.Write([]byte("data")); err != nil {
-		t.Fatal(err)
-	}
+	f, reqs := mountWithWrittenFile(t)
 	from := logSize(t, reqs)
 	if err := f.Chown(os.Getuid(), os.Getgid()); err != nil {
 		t.Fatal(err)
