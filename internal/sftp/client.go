@@ -377,12 +377,15 @@ func (c *Client) writeBufs(bufs ...[]byte) error {
 		if last := iov[len(iov)-1]; len(last) >= 32<<10 {
 			head, tail = iov[:len(iov)-1], last
 		}
-		if len(head) > 0 {
+		if len(head) > 1 {
 			c.joined = c.joined[:0]
 			for _, b := range head {
 				c.joined = append(c.joined, b...)
 			}
-			if _, err := c.w.Write(c.joined); err != nil {
+			head = [][]byte{c.joined}
+		}
+		if len(head) > 0 {
+			if _, err := c.w.Write(head[0]); err != nil {
 				return err
 			}
 		}
