@@ -85,7 +85,8 @@ func TestMountOptions(t *testing.T) {
 }
 
 // TestSetIDBitsLikeLocal: the set-user-ID and set-group-ID bits end as on a local file
-// system — cleared by a change of owner and by another user's write or truncation,
+// system — cleared by a change of owner and by another user's write or truncation
+// (also by an open with O_TRUNC, which muxfs makes in one request),
 // kept through root's and on a directory, and set by a mode given after the owner (as
 // tar does) — now that muxfs clears them itself instead of the kernel asking for the
 // mode before every chown (CAP_HANDLE_KILLPRIV).
@@ -129,6 +130,8 @@ func TestSetIDBitsLikeLocal(t *testing.T) {
 			return f.Close()
 		}},
 		{"truncation by root", false, 0o6777, func(p string) error { return os.Truncate(p, 1) }},
+		{"open with O_TRUNC by another user", false, 0o6777, func(p string) error { return asNobody(": > " + p) }},
+		{"overwrite (O_TRUNC) by root", false, 0o6777, func(p string) error { return os.WriteFile(p, []byte("new"), 0o644) }},
 		{"tar: owner, then mode", false, 0o600, func(p string) error {
 			f, err := os.OpenFile(p+"-new", os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 			if err != nil {

@@ -52,7 +52,25 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	if err != nil {
 		return nil, 0, n.fsys.toErrno(err)
 	}
+	var privs backend.SetAttr
+	if fl&os.O_TRUNC != 0 {
+		// The open truncated the file, and the kernel sends no SETATTR for it
+		// (CAP_ATOMIC_O_TRUNC, fs.go): the other handles' views shrink with it, and
+		// the set-ID bits go as a truncation's would (dropsPrivs).
+		trunc := backend.SetAttr{Valid: backend.SetSize}
+		for _, o := range n.writerHandles() {
+			o.applied(trunc)
+		}
+		if m, ok := withoutPrivs(f.OpenedAttr().Mode); ok && dropsPrivs(ctx, trunc) {
+			privs = backend.SetAttr{Valid: backend.SetMode, Mode: m}
+			if err := f.SetAttr(ctx, privs); err != nil {
+				f.Close(ctx) //nolint:errcheck // the change's error is the one to report
+				return nil, 0, n.fsys.toErrno(err)
+			}
+		}
+	}
 	h := n.addHandle(f, fl)
+	h.applied(privs)
 	var fuseFlags uint32
 	keep := n.keepCache(f.OpenedAttr()) && fl&os.O_TRUNC == 0
 	if keep {

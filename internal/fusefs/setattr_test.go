@@ -161,3 +161,37 @@ func TestChownAsksNoMode(t *testing.T) {
 		t.Errorf("fchown sent %d SETATTR requests; want 1", n)
 	}
 }
+
+// TestTruncatingOpenIsOneRequest: an open with O_TRUNC truncates in its OPEN (the
+// kernel sends no SETATTR of the size after it, which through SFTP was a round trip of
+// its own), and every view of the file shrinks with it — also that of a handle open
+// for writing before, whose size the file's stat would otherwise report.
+func TestTruncatingOpenIsOneRequest(t *testing.T) {
+	f, reqs := mountWithWrittenFile(t)
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	from := logSize(t, reqs)
+	g, err := os.OpenFile(f.Name(), os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if n := requestsSince(t, reqs, "SETATTR", from); n != 0 {
+		t.Errorf("open with O_TRUNC sent %d SETATTR requests; want the OPEN alone:\n%s", n, logSince(t, reqs, from))
+	}
+	if n := requestsSince(t, reqs, "OPEN", from); n != 1 {
+		t.Errorf("open with O_TRUNC sent %d OPEN requests; want 1", n)
+	}
+	for what, stat := range map[string]func() (os.FileInfo, error){
+		"the truncating handle": g.Stat, "the earlier writer": f.Stat, "the path": func() (os.FileInfo, error) { return os.Stat(f.Name()) },
+	} {
+		st, err := stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Size() != 0 {
+			t.Errorf("size %d through %s after an open with O_TRUNC, want 0", st.Size(), what)
+		}
+	}
+}
