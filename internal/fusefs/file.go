@@ -70,7 +70,9 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		}
 	}
 	h := n.addHandle(f, fl)
-	h.applied(privs)
+	if privs.Valid != 0 {
+		h.applied(privs)
+	}
 	var fuseFlags uint32
 	keep := n.keepCache(f.OpenedAttr()) && fl&os.O_TRUNC == 0
 	if keep {
