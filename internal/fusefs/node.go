@@ -351,8 +351,11 @@ func dropsPrivs(ctx context.Context, set backend.SetAttr) bool {
 	if set.Valid == 0 || set.Valid&backend.SetOwner != 0 {
 		return true
 	}
+	if set.Valid&backend.SetSize == 0 {
+		return false // tar's futimens and chmod: no look at the caller
+	}
 	caller, ok := fuse.FromContext(ctx)
-	return set.Valid&backend.SetSize != 0 && ok && caller.Uid != 0
+	return ok && caller.Uid != 0
 }
 
 // withoutPrivs is mode's permission bits without set-user-ID, and without
