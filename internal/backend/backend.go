@@ -119,6 +119,14 @@ type File interface {
 	WriteAt(ctx context.Context, p []byte, off int64) (int, error)
 	// Flush returns once every write is acknowledged, with the first failure.
 	Flush(ctx context.Context) error
+	// Drain returns once every write made so far is acknowledged or refused, and
+	// leaves a failure on record for this file's own next WriteAt, Flush, Sync or
+	// Close: another handle of the same file, about to read or write where these
+	// writes went, must come after them, and their failure is theirs to report.
+	Drain(ctx context.Context)
+	// Changed tells the file that another handle of the mount changed the file's
+	// content or size: what it has read ahead may be stale.
+	Changed()
 	Stat(ctx context.Context) (Attr, error)
 	// OpenedAttr is the file's attributes as they were just after opening.
 	OpenedAttr() Attr

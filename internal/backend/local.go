@@ -209,6 +209,10 @@ type localFile struct {
 
 func (f *localFile) Flush(context.Context) error { return nil }
 
+func (f *localFile) Drain(context.Context) {}
+
+func (f *localFile) Changed() {}
+
 func (f *localFile) OpenedAttr() Attr { return f.opened }
 
 func (f *localFile) ReadAt(_ context.Context, p []byte, off int64) (int, error) {

@@ -386,6 +386,26 @@ func (f *sftpFile) Flush(ctx context.Context) error {
 	return f.ready(ctx)
 }
 
+// Drain waits until the server has acknowledged or refused every write queued, held
+// or in flight; a failure stays on record for the handle's own next request.
+func (f *sftpFile) Drain(ctx context.Context) {
+	if f.readOnly {
+		return
+	}
+	f.wb.mu.Lock()
+	defer f.wb.mu.Unlock()
+	if len(f.wb.pending) == 0 {
+		return
+	}
+	ctx, cancel := f.s.deadline(ctx)
+	defer cancel()
+	f.drainLocked(ctx)
+}
+
+// Changed drops the read-ahead, which may hold bytes from before another handle's
+// writes, or an end of the file from before it grew.
+func (f *sftpFile) Changed() { f.ra.reset() }
+
 // ready makes the handle safe to use for anything: its identity is checked and every
 // write is acknowledged.
 func (f *sftpFile) ready(ctx context.Context) error {

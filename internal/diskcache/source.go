@@ -385,7 +385,18 @@ func (f *cachedFile) SetAttr(context.Context, backend.SetAttr) error {
 }
 
 func (f *cachedFile) Flush(context.Context) error { return nil }
+func (f *cachedFile) Drain(context.Context)       {}
 func (f *cachedFile) Sync(context.Context) error  { return nil }
+
+// Changed reaches the file opened on the server, if any; the cache's entry takes every
+// write of the mount as it is made.
+func (f *cachedFile) Changed() {
+	f.remoteMu.Lock()
+	defer f.remoteMu.Unlock()
+	if f.remote != nil {
+		f.remote.Changed()
+	}
+}
 
 func (f *cachedFile) OpenedAttr() backend.Attr {
 	if f.attr != nil {

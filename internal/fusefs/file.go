@@ -45,9 +45,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	}
 	// Another handle's writes may still be in flight on another session: a new
 	// opener must see them (close-to-open within the mount).
-	if errno := n.flushWriters(ctx); errno != 0 {
-		return nil, 0, errno
-	}
+	n.drainWriters(ctx, nil)
 	f, err := b.Backend.Open(ctx, rel, fl, 0)
 	if err != nil {
 		return nil, 0, n.fsys.toErrno(err)
@@ -58,6 +56,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		// (CAP_ATOMIC_O_TRUNC, fs.go): the other handles' views shrink with it, and
 		// the set-ID bits go as a truncation's would (dropsPrivs).
 		trunc := backend.SetAttr{Valid: backend.SetSize}
+		n.changes.Add(1)
 		for _, o := range n.writerHandles() {
 			o.applied(trunc)
 		}
@@ -265,14 +264,27 @@ func (n *node) writersAttr() (a backend.Attr, ok bool) {
 	return a, ok
 }
 
-// flushWriters waits for the writes of every handle open for writing on this node.
-func (n *node) flushWriters(ctx context.Context) syscall.Errno {
+// drainWriters waits until the server has every write made so far through the node's
+// handles open for writing, but except's (whose own requests its backend file keeps
+// in order). Each handle reaches the server through an SFTP handle of its own, often
+// on another session, and the server applies two handles' requests in any order;
+// but the kernel was answered for those writes already, so a read through another
+// handle must see them and a write through another handle must land after them, as
+// on a local file. A write that failed stays its writer's to report (at its next
+// write, fsync or close), not the caller's.
+func (n *node) drainWriters(ctx context.Context, except *fileHandle) {
+	n.mu.Lock()
+	_, self := n.writers[except]
+	if len(n.writers) == 0 || len(n.writers) == 1 && self {
+		n.mu.Unlock()
+		return
+	}
+	n.mu.Unlock()
 	for _, h := range n.writerHandles() {
-		if err := h.f.Flush(ctx); err != nil {
-			return n.fsys.toErrno(err)
+		if h != except {
+			h.f.Drain(ctx)
 		}
 	}
-	return 0
 }
 
 // fileHandle is an open file. Writes go out behind the caller (in a bounded window);
@@ -285,6 +297,8 @@ type fileHandle struct {
 	mode      int // modeCached, modeDirect or modePassthrough
 	// paging: the kernel has read or written pages through this (page-cached) handle.
 	paging atomic.Bool
+	// changes: the node's count of changes (node.changes) when this handle last read.
+	changes atomic.Uint64
 
 	// For a handle open for writing: the file as its writes have made it, so that the
 	// many stats of a compiler or linker need no round trip and no wait for writes in
@@ -325,10 +339,24 @@ func (h *fileHandle) untouched() bool {
 func (h *fileHandle) wrote(off int64, n int, appending bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	end := off + int64(n)
 	if appending {
-		h.attr.Size += int64(n)
-	} else {
-		h.attr.Size = max(h.attr.Size, off+int64(n))
+		// The server appends at its end of the file, which is at least where the
+		// kernel put it (off: the end as the mount knows it, other handles' writes
+		// included) and may be further (another client appended).
+		end = max(end, h.attr.Size+int64(n))
+	}
+	h.attr.Size = max(h.attr.Size, end)
+}
+
+// grew takes in the size and mtime another handle's writes gave the file, where they
+// are beyond this handle's view.
+func (h *fileHandle) grew(a backend.Attr) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.attr.Size = max(h.attr.Size, a.Size)
+	if a.Mtime.After(h.attr.Mtime) {
+		h.attr.Mtime = a.Mtime
 	}
 }
 
@@ -356,6 +384,10 @@ var _ = (fs.FileReader)((*fileHandle)(nil))
 
 func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	ctx = uninterruptible(ctx)
+	h.n.drainWriters(ctx, h)
+	if c := h.n.changes.Load(); h.changes.Swap(c) != c {
+		h.f.Changed()
+	}
 	n, err := h.f.ReadAt(ctx, dest, off)
 	if err != nil && err != io.EOF && n == 0 {
 		return nil, h.n.fsys.toErrno(err)
@@ -373,6 +405,10 @@ var _ = (fs.FileWriter)((*fileHandle)(nil))
 
 func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	ctx = uninterruptible(ctx)
+	h.n.statMu.RLock()
+	defer h.n.statMu.RUnlock()
+	h.n.drainWriters(ctx, h)
+	h.n.changes.Add(1)
 	h.sending()
 	n, err := h.f.WriteAt(ctx, data, off)
 	if err != nil {
@@ -400,9 +436,9 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 		// no round trip, as NFS closes a file with nothing dirty.
 		return 0
 	}
-	// Stat flushes, then gives the server's size and mtime: what a stat after
-	// close(2) must show.
-	a, err := h.f.Stat(ctx)
+	// The server's size and mtime after the writes: what a stat after close(2)
+	// must show.
+	a, err := h.statWritten(ctx)
 	if err != nil {
 		return h.n.fsys.toErrno(err)
 	}
@@ -414,6 +450,15 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	// would otherwise find the version from before the writes and drop the pages.
 	h.written(a)
 	return 0
+}
+
+// statWritten flushes the handle and asks the server for the file's attributes,
+// once the writes of the node's other handles are in too (see node.statMu).
+func (h *fileHandle) statWritten(ctx context.Context) (backend.Attr, error) {
+	h.n.statMu.Lock()
+	defer h.n.statMu.Unlock()
+	h.n.drainWriters(ctx, h)
+	return h.f.Stat(ctx)
 }
 
 // written records that the kernel's pages of the file, as far as this handle wrote
@@ -432,6 +477,8 @@ var _ = (fs.FileFsyncer)((*fileHandle)(nil))
 
 func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	ctx = uninterruptible(ctx)
+	// fsync(2) makes the file's data durable, whichever descriptor wrote it.
+	h.n.drainWriters(ctx, h)
 	return h.n.fsys.toErrno(h.f.Sync(ctx))
 }
 
@@ -447,10 +494,16 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 		err := h.f.Close(ctx)
 		// As the last flush found the file (written), or as its open did if it
 		// was never written to.
-		h.written(h.localAttr())
+		a := h.localAttr()
+		h.written(a)
 		h.n.mu.Lock()
 		delete(h.n.writers, h)
 		h.n.mu.Unlock()
+		// The handles still writing answer the file's stats (writersAttr): what
+		// this one's writes made of it must not leave with it.
+		for _, o := range h.n.writerHandles() {
+			o.grew(a)
+		}
 		return h.n.fsys.toErrno(err)
 	}
 	return h.n.fsys.toErrno(h.f.Close(ctx))

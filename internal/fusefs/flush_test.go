@@ -2,8 +2,11 @@ package fusefs
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -88,5 +91,107 @@ func TestCloseWaitsOnlyAfterChanges(t *testing.T) {
 				t.Errorf("%s in %s: size %d mode %v, want %d %v", name, dir, st.Size(), st.Mode().Perm(), want.size, want.mode)
 			}
 		}
+	}
+}
+
+// drainLogging records, in order, the Drain and Sync calls of the files it opens,
+// each named by the order of its open.
+type drainLogging struct {
+	backend.Backend
+	mu     sync.Mutex
+	opened int
+	log    []string
+}
+
+func (b *drainLogging) Open(ctx context.Context, p string, flags int, mode uint32) (backend.File, error) {
+	f, err := b.Backend.Open(ctx, p, flags, mode)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.opened++
+	return &drainLoggingFile{File: f, b: b, name: fmt.Sprintf("f%d", b.opened)}, nil
+}
+
+func (b *drainLogging) note(s string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.log = append(b.log, s)
+}
+
+func (b *drainLogging) take() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	l := b.log
+	b.log = nil
+	return l
+}
+
+type drainLoggingFile struct {
+	backend.File
+	b    *drainLogging
+	name string
+}
+
+func (f *drainLoggingFile) Drain(ctx context.Context) {
+	f.b.note("drain " + f.name)
+	f.File.Drain(ctx)
+}
+
+func (f *drainLoggingFile) Sync(ctx context.Context) error {
+	f.b.note("sync " + f.name)
+	return f.File.Sync(ctx)
+}
+
+// TestOtherWritersDrained: writes through one descriptor may still be on their way to
+// the server when another descriptor of the same file reads, writes or fsyncs, and
+// the server orders two handles' requests in no particular way: muxfs waits for them
+// first (e2e's TestRandomOpsMatchModel finds what goes wrong otherwise). With a single
+// handle nothing is waited for.
+func TestOtherWritersDrained(t *testing.T) {
+	_, local := localDir(t)
+	b := &drainLogging{Backend: local}
+	mp, _ := mountLogged(t, b)
+	p := filepath.Join(mp, "file")
+
+	a, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if _, err := a.WriteAt([]byte("one writer"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.take(); !slices.Equal(got, []string{"sync f1"}) {
+		t.Errorf("one writer: %q, want only its sync", got)
+	}
+
+	c, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	b.take() // the open drains f1, as before
+	if _, err := a.WriteAt([]byte("first"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.take(); !slices.Equal(got, []string{"drain f2"}) {
+		t.Errorf("write through the first descriptor: %q, want f2 drained", got)
+	}
+	if err := c.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.take(); !slices.Equal(got, []string{"drain f1", "sync f2"}) {
+		t.Errorf("fsync through a second descriptor: %q, want f1 drained before f2's sync", got)
+	}
+	if _, err := c.WriteAt([]byte("second"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.take(); !slices.Equal(got, []string{"drain f1"}) {
+		t.Errorf("write through a second descriptor: %q, want f1 drained", got)
 	}
 }

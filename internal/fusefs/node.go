@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -31,6 +32,16 @@ type node struct {
 	seen      backend.Attr
 	seenValid bool
 	writers   map[*fileHandle]struct{}
+	// changes counts the writes and changes of size made through the mount; a handle
+	// that reads after one it has not seen drops what it read ahead (Read).
+	changes atomic.Uint64
+	// statMu is held shared by each write until it is queued, and exclusively while a
+	// writer takes the server's word for the file after its writes (statWritten): that
+	// word must include every write the mount has answered, through any handle, since
+	// the persistent cache adopts it as the version of what it holds. Only writes
+	// need it: the cache takes a write in before the server has it, and a change of
+	// size only once the server made it.
+	statMu sync.RWMutex
 	// paged: the kernel's page cache may hold pages of that version, read or written
 	// through a page-cached handle of this mount (openMode keeps later opens on them).
 	paged bool
@@ -181,7 +192,7 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	if errno != 0 {
 		// Unlinked while open: only the handle still reaches the file.
 		if h := asFileHandle(fh); h != nil {
-			a, err := h.f.Stat(ctx)
+			a, err := h.statWritten(ctx)
 			if err != nil {
 				return n.fsys.toErrno(err)
 			}
@@ -300,10 +311,11 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		}
 	}
 	if set.Valid == 0 {
-		if errno := n.flushWriters(ctx); errno != 0 {
-			return errno
-		}
+		n.drainWriters(ctx, nil)
 		return n.setattrAnswer(ctx, fh, out)
+	}
+	if set.Valid&backend.SetSize != 0 {
+		n.changes.Add(1)
 	}
 	var err error
 	if h := n.setattrHandle(fh); h != nil {
@@ -311,19 +323,11 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		// file (ftruncate), and the change is queued behind the handle's own writes
 		// instead of waiting for them first.
 		defer h.use.RUnlock()
-		for _, o := range n.writerHandles() {
-			if o != h {
-				if err = o.f.Flush(ctx); err != nil {
-					return n.fsys.toErrno(err)
-				}
-			}
-		}
+		n.drainWriters(ctx, h)
 		h.sending()
 		err = h.f.SetAttr(ctx, set)
 	} else {
-		if errno := n.flushWriters(ctx); errno != 0 {
-			return errno
-		}
+		n.drainWriters(ctx, nil)
 		for _, i := range targets {
 			if _, err = l.Branches[i].Backend.SetAttr(ctx, rel, set); err != nil {
 				break
