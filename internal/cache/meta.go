@@ -813,6 +813,11 @@ func (s *Source) forgetStored(p string) {
 	}
 }
 
+// Changed drops what is cached of p, as a change made through p would: the mount
+// changed the file through another of its names (a hard link made through it), and
+// attributes are cached by path.
+func (s *Source) Changed(p string) { s.changed(p) }
+
 // changedContent is changed for a file whose content (size, mtime) changes through a
 // handle: its stored attributes stay, as the handle's next Stat stores them anew; its
 // directory's listing, which holds the file's old size, goes.

@@ -57,6 +57,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		// the set-ID bits go as a truncation's would (dropsPrivs).
 		trunc := backend.SetAttr{Valid: backend.SetSize}
 		n.changes.Add(1)
+		n.otherNamesChanged()
 		for _, o := range n.writerHandles() {
 			o.applied(trunc)
 		}
@@ -445,6 +446,7 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	h.mu.Lock()
 	h.attr = a
 	h.mu.Unlock()
+	h.n.otherNamesChanged()
 	// Here, not only at release: the kernel sends RELEASE after close(2) has
 	// returned, and an open made at once (a linker's of the object just written)
 	// would otherwise find the version from before the writes and drop the pages.

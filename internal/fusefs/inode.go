@@ -3,6 +3,8 @@ package fusefs
 import (
 	"strings"
 	"sync"
+
+	"github.com/muxfs/muxfs/internal/backend"
 )
 
 // inodeTable hands out inode numbers that stay the same for a (source, path) while
@@ -102,4 +104,25 @@ func (t *inodeTable) alias(source int, rel string, ino uint64) {
 	defer t.mu.Unlock()
 	_, _, e := t.walk(source, rel, true)
 	e.ino = ino
+}
+
+// names returns the paths on source that have the number ino: a file's hard links
+// made through the mount. It walks the whole table, so it serves rare events only.
+func (t *inodeTable) names(source int, ino uint64) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	var walk func(e *inoEntry, rel string)
+	walk = func(e *inoEntry, rel string) {
+		if e.ino == ino {
+			out = append(out, rel)
+		}
+		for name, c := range e.children {
+			walk(c, backend.Child(rel, name))
+		}
+	}
+	if r := t.roots[source]; r != nil {
+		walk(r, "")
+	}
+	return out
 }

@@ -340,7 +340,34 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	for _, h := range n.writerHandles() {
 		h.applied(set)
 	}
+	n.otherNamesChanged()
 	return n.setattrAnswer(ctx, fh, out)
+}
+
+// otherNamesChanged drops what the source's cache holds of the file's other names
+// (hard links made through the mount, which share this node) after a change through
+// one of them: attributes are cached by path, and the kernel, which keeps one inode
+// for all the names, takes a stale size or mode from a lookup or a stat of another
+// name as the file's.
+func (n *node) otherNamesChanged() {
+	branch, _, nlink := n.state()
+	if nlink < 2 || branch < 0 {
+		return
+	}
+	_, l, rel, errno := n.where()
+	if errno != 0 || l == nil {
+		return
+	}
+	b := l.Branches[branch]
+	c, ok := b.Backend.(interface{ Changed(p string) })
+	if !ok {
+		return
+	}
+	for _, p := range n.fsys.inodes.names(b.ID, n.StableAttr().Ino) {
+		if p != rel {
+			c.Changed(p)
+		}
+	}
 }
 
 // The mount clears set-user-ID and set-group-ID bits itself, as Linux does on a local

@@ -1,0 +1,297 @@
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestRandomNamespaceMatchesLocal runs random operations on names — create, overwrite,
+// append, truncate, mkdir, unlink, rmdir, rename (over files, directories and across
+// them), symlink, hard link — on a few names three levels deep, so that they collide often, both
+// through the mount and on a local directory, and compares each outcome (the errno
+// included) and, every few operations, what listings, lstat, readlink and reads show.
+// muxfs keeps listings, attributes and missing names and edits them in place on its
+// own changes (docs/design.md, "Memory caches"): a stale entry shows here as a
+// difference from the local directory. At the end the server's copy must match too.
+func TestRandomNamespaceMatchesLocal(t *testing.T) {
+	e := newEnv(t, 1)
+	for _, c := range []struct {
+		name string
+		opts []string
+	}{
+		{"default", nil},
+		{"nocto", []string{"-o", "nocto"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mp := e.mount(append(c.opts, e.source(0, ""))...)
+			for seed := uint64(1); seed <= uint64(envInt(t, "MUXFS_FSX_SEEDS", 3)); seed++ {
+				dir := fmt.Sprintf("nsx-%s-%d", c.name, seed)
+				x := &nsx{t: t, r: rand.New(rand.NewPCG(seed, 0x9a3e)), local: t.TempDir(), mount: filepath.Join(mp, dir)}
+				if err := os.Mkdir(x.mount, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				x.run(envInt(t, "MUXFS_FSX_OPS", 1500))
+				if d := diffTrees(x.local, filepath.Join(e.data[0], dir)); d != "" {
+					t.Fatalf("seed %d: the server's tree differs from the local one: %s; last operations:\n%s", seed, d, x.history())
+				}
+			}
+		})
+	}
+}
+
+// nsx applies each operation to a local directory and the same one in the mount.
+type nsx struct {
+	t     *testing.T
+	r     *rand.Rand
+	local string
+	mount string
+	ops   []string
+}
+
+var nsxNames = []string{"a", "b", "c"}
+
+// path picks a relative path of one to three names.
+func (x *nsx) path() string {
+	parts := make([]string, 1+x.r.IntN(3))
+	for i := range parts {
+		parts[i] = nsxNames[x.r.IntN(len(nsxNames))]
+	}
+	return filepath.Join(parts...)
+}
+
+func (x *nsx) history() string {
+	from := max(0, len(x.ops)-40)
+	return strings.Join(x.ops[from:], "\n")
+}
+
+func (x *nsx) fail(format string, args ...any) {
+	x.t.Helper()
+	x.t.Fatalf("%s: %s; last operations:\n%s", filepath.Base(x.mount), fmt.Sprintf(format, args...), x.history())
+}
+
+// both runs op on the local directory and on the mount and compares the errors.
+func (x *nsx) both(desc string, op func(root string) error) {
+	x.t.Helper()
+	el, em := op(x.local), op(x.mount)
+	x.ops = append(x.ops, fmt.Sprintf("%s: %v", desc, errnoOf(el)))
+	if errnoOf(el) != errnoOf(em) {
+		x.fail("%s: local %v, mount %v", desc, el, em)
+	}
+}
+
+// errnoOf reduces an error to its errno (nil for none), for comparing.
+func errnoOf(err error) error {
+	var en syscall.Errno
+	if errors.As(err, &en) {
+		return en
+	}
+	return err
+}
+
+func (x *nsx) run(n int) {
+	for i := 0; i < n; i++ {
+		p, q := x.path(), x.path()
+		content := []byte(strings.Repeat(fmt.Sprint(i), 1+x.r.IntN(40)))
+		switch k := x.r.IntN(100); {
+		case k < 14:
+			x.both("create "+p, func(root string) error {
+				f, err := os.OpenFile(filepath.Join(root, p), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+				if err != nil {
+					return err
+				}
+				_, err = f.Write(content)
+				return errors.Join(err, f.Close())
+			})
+		case k < 17:
+			x.both("overwrite "+p, func(root string) error {
+				return os.WriteFile(filepath.Join(root, p), content, 0o644)
+			})
+		case k < 19:
+			x.both("append "+p, func(root string) error {
+				f, err := os.OpenFile(filepath.Join(root, p), os.O_WRONLY|os.O_APPEND, 0)
+				if err != nil {
+					return err
+				}
+				_, err = f.Write(content)
+				return errors.Join(err, f.Close())
+			})
+		case k < 20:
+			x.both("empty "+p, func(root string) error {
+				f, err := os.OpenFile(filepath.Join(root, p), os.O_WRONLY|os.O_TRUNC, 0)
+				if err != nil {
+					return err
+				}
+				return f.Close()
+			})
+		case k < 21:
+			size := int64(x.r.IntN(60))
+			x.both(fmt.Sprintf("truncate %s %d", p, size), func(root string) error {
+				return os.Truncate(filepath.Join(root, p), size)
+			})
+		case k < 32:
+			x.both("mkdir "+p, func(root string) error { return os.Mkdir(filepath.Join(root, p), 0o755) })
+		case k < 42:
+			x.both("unlink "+p, func(root string) error { return syscall.Unlink(filepath.Join(root, p)) })
+		case k < 50:
+			x.both("rmdir "+p, func(root string) error { return syscall.Rmdir(filepath.Join(root, p)) })
+		case k < 66:
+			x.both("rename "+p+" "+q, func(root string) error {
+				return syscall.Rename(filepath.Join(root, p), filepath.Join(root, q))
+			})
+		case k < 71:
+			target := x.path()
+			x.both("symlink "+target+" "+p, func(root string) error { return os.Symlink(target, filepath.Join(root, p)) })
+		case k < 76:
+			x.both("link "+p+" "+q, func(root string) error { return os.Link(filepath.Join(root, p), filepath.Join(root, q)) })
+		default:
+			x.look(p)
+		}
+		if i%50 == 49 {
+			if d := diffTrees(x.local, x.mount); d != "" {
+				x.fail("after %d operations the mount differs: %s", i+1, d)
+			}
+		}
+	}
+	if d := diffTrees(x.local, x.mount); d != "" {
+		x.fail("at the end the mount differs: %s", d)
+	}
+}
+
+// look compares what lstat, a listing, readlink and a read show of p.
+func (x *nsx) look(p string) {
+	x.t.Helper()
+	x.ops = append(x.ops, "look "+p)
+	if dl, dm := describe(filepath.Join(x.local, p)), describe(filepath.Join(x.mount, p)); dl != dm {
+		x.fail("%s: local %q, mount %q", p, dl, dm)
+	}
+}
+
+// describe is what a program sees of one name: its kind and errno, a file's size and
+// content, a directory's sorted names, a symlink's target.
+func describe(p string) string {
+	st, err := os.Lstat(p)
+	if err != nil {
+		return fmt.Sprint("lstat: ", errnoOf(err))
+	}
+	switch {
+	case st.Mode().IsRegular():
+		b, err := os.ReadFile(p)
+		return fmt.Sprintf("file %d %q %v", st.Size(), b, errnoOf(err))
+	case st.IsDir():
+		es, err := os.ReadDir(p)
+		names := make([]string, 0, len(es))
+		for _, e := range es {
+			names = append(names, e.Name())
+		}
+		slices.Sort(names)
+		return fmt.Sprintf("dir %v %v", names, errnoOf(err))
+	case st.Mode()&fs.ModeSymlink != 0:
+		target, err := os.Readlink(p)
+		return fmt.Sprintf("symlink %q %v", target, errnoOf(err))
+	}
+	return "other " + st.Mode().String()
+}
+
+// diffTrees walks a and b and names the first path whose description differs, or "".
+func diffTrees(a, b string) string {
+	var walk func(rel string) string
+	walk = func(rel string) string {
+		da, db := describe(filepath.Join(a, rel)), describe(filepath.Join(b, rel))
+		if da != db {
+			return fmt.Sprintf("%s: %q against %q", "/"+rel, da, db)
+		}
+		if !strings.HasPrefix(da, "dir ") {
+			return ""
+		}
+		es, _ := os.ReadDir(filepath.Join(a, rel))
+		for _, e := range es {
+			if d := walk(filepath.Join(rel, e.Name())); d != "" {
+				return d
+			}
+		}
+		return ""
+	}
+	return walk("")
+}
+
+// TestHardLinkNamesAgree: muxfs caches attributes by path, while the kernel keeps one
+// inode for every name of a file linked through the mount and asks for its attributes
+// by whichever name go-fuse holds as the latest. After a change through one name — a
+// write with O_TRUNC, an append, an open with O_TRUNC alone, a truncation by path — a
+// stat must not get what muxfs cached of the other. The sequence is the one
+// TestRandomNamespaceMatchesLocal found (seed 2 of an earlier mix of operations),
+// reduced by delta debugging; each lookup in it counts.
+func TestHardLinkNamesAgree(t *testing.T) {
+	e := newEnv(t, 1)
+	mp := e.mount(e.source(0, ""))
+	old := strings.Repeat("x", 152)
+	for _, c := range []struct {
+		name   string
+		change func(p string) error
+		want   string
+	}{
+		{"overwrite", func(p string) error { return os.WriteFile(p, []byte(strings.Repeat("y", 148)), 0o644) }, strings.Repeat("y", 148)},
+		{"append", func(p string) error {
+			f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				return err
+			}
+			_, err = f.WriteString("more")
+			return errors.Join(err, f.Close())
+		}, old + "more"},
+		{"empty", func(p string) error {
+			f, err := os.OpenFile(p, os.O_WRONLY|os.O_TRUNC, 0)
+			if err != nil {
+				return err
+			}
+			return f.Close()
+		}, ""},
+		{"truncate", func(p string) error { return os.Truncate(p, 100) }, old[:100]},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			root := filepath.Join(mp, c.name)
+			p := func(rel string) string { return filepath.Join(root, rel) }
+			for _, d := range []string{"", "a", "a/a"} {
+				if err := os.Mkdir(p(d), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			writeFile(t, p("c"), old)
+			if err := syscall.Rename(p("c/c"), p("a/a")); err != syscall.ENOTDIR {
+				t.Fatalf("rename c/c a/a: %v, want ENOTDIR", err)
+			}
+			if err := os.Link(p("c"), p("a/a/c")); err != nil {
+				t.Fatal(err)
+			}
+			if d := diffTrees(root, root); d != "" { // a walk: every name looked up and listed
+				t.Fatal(d)
+			}
+			if err := syscall.Unlink(p("a/c/c")); err != syscall.ENOENT {
+				t.Fatalf("unlink a/c/c: %v, want ENOENT", err)
+			}
+			if err := syscall.Rmdir(p("c/b")); err != syscall.ENOTDIR {
+				t.Fatalf("rmdir c/b: %v, want ENOTDIR", err)
+			}
+			if err := c.change(p("c")); err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Mkdir(p("c"), 0o755); err != syscall.EEXIST {
+				t.Fatalf("mkdir c: %v, want EEXIST", err)
+			}
+			want := fmt.Sprintf("file %d %q <nil>", len(c.want), c.want)
+			for _, name := range []string{"c", "a/a/c"} {
+				if got := describe(p(name)); got != want {
+					t.Errorf("%s after the change through c: %.60s, want %.60s", name, got, want)
+				}
+			}
+		})
+	}
+}
