@@ -21,31 +21,35 @@ import (
 // seeds are fixed, so a failure can be run again; the last operations are reported.
 func TestRandomOpsMatchModel(t *testing.T) {
 	e := newEnv(t, 1)
-	for _, c := range []struct {
-		name string
-		opts []string
-	}{
-		{"default", nil},
-		{"cache=memory", []string{"-o", "cache=memory"}},
-		{"nocto", []string{"-o", "nocto"}},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			mp := e.mount(append(c.opts, e.source(0, ""))...)
-			for seed := uint64(1); seed <= uint64(envInt(t, "MUXFS_FSX_SEEDS", 3)); seed++ {
-				name := fmt.Sprintf("fsx-%s-%d", strings.ReplaceAll(c.name, "=", "-"), seed)
-				x := &fsx{t: t, r: rand.New(rand.NewPCG(seed, 0x5eed)), path: filepath.Join(mp, name)}
-				t.Cleanup(x.closeAll) // after a failure too: open files keep the mount busy
-				x.run(envInt(t, "MUXFS_FSX_OPS", 1500))
-				server, err := os.ReadFile(filepath.Join(e.data[0], name))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if i := firstDiff(server, x.model); i >= 0 {
-					t.Fatalf("seed %d: the server's copy (%d bytes) differs from the model (%d bytes) at byte %d; last operations:\n%s",
-						seed, len(server), len(x.model), i, x.history())
-				}
+	variants := []mountVariant{{"default", nil}, {"cache=memory", []string{"-o", "cache=memory"}}, {"nocto", []string{"-o", "nocto"}}}
+	eachMount(t, e, variants, func(t *testing.T, variant, mp string) {
+		for seed := uint64(1); seed <= uint64(envInt(t, "MUXFS_FSX_SEEDS", 3)); seed++ {
+			name := fmt.Sprintf("fsx-%s-%d", strings.ReplaceAll(variant, "=", "-"), seed)
+			x := &fsx{opLog: opLog{t: t, name: name}, r: rand.New(rand.NewPCG(seed, 0x5eed)), path: filepath.Join(mp, name)}
+			t.Cleanup(x.closeAll) // after a failure too: open files keep the mount busy
+			x.run(envInt(t, "MUXFS_FSX_OPS", 1500))
+			server, err := os.ReadFile(filepath.Join(e.data[0], name))
+			if err != nil {
+				t.Fatal(err)
 			}
-		})
+			if i := firstDiff(server, x.model); i >= 0 {
+				t.Fatalf("seed %d: the server's copy (%d bytes) differs from the model (%d bytes) at byte %d; last operations:\n%s",
+					seed, len(server), len(x.model), i, x.history())
+			}
+		}
+	})
+}
+
+// mountVariant is a way of mounting: a name for its subtest, and its options.
+type mountVariant struct {
+	name string
+	opts []string
+}
+
+// eachMount runs f in a subtest per variant, on a mount of e's first server.
+func eachMount(t *testing.T, e *env, variants []mountVariant, f func(t *testing.T, variant, mp string)) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) { f(t, v.name, e.mount(append(v.opts, e.source(0, ""))...)) })
 	}
 }
 
@@ -65,13 +69,12 @@ func envInt(t *testing.T, name string, def int) int {
 
 // fsx drives one file through the mount and keeps the model of what it must hold.
 type fsx struct {
-	t     *testing.T
+	opLog
 	r     *rand.Rand
 	path  string
 	model []byte
 	fds   []*os.File
 	apps  []bool // fds[i] was opened with O_APPEND
-	ops   []string
 }
 
 // maxFile bounds where writes start and what truncations keep: big enough for writes
@@ -115,18 +118,25 @@ func (x *fsx) closeAll() {
 	x.fds, x.apps = nil, nil
 }
 
-func (x *fsx) logf(format string, args ...any) {
-	x.ops = append(x.ops, fmt.Sprintf(format, args...))
+// opLog keeps a random run's operations, for the report of a failure.
+type opLog struct {
+	t    *testing.T
+	name string // what the run works on
+	ops  []string
 }
 
-func (x *fsx) history() string {
-	from := max(0, len(x.ops)-40)
-	return strings.Join(x.ops[from:], "\n")
+func (l *opLog) logf(format string, args ...any) {
+	l.ops = append(l.ops, fmt.Sprintf(format, args...))
 }
 
-func (x *fsx) fail(format string, args ...any) {
-	x.t.Helper()
-	x.t.Fatalf("%s: %s; last operations:\n%s", filepath.Base(x.path), fmt.Sprintf(format, args...), x.history())
+func (l *opLog) history() string {
+	from := max(0, len(l.ops)-40)
+	return strings.Join(l.ops[from:], "\n")
+}
+
+func (l *opLog) fail(format string, args ...any) {
+	l.t.Helper()
+	l.t.Fatalf("%s: %s; last operations:\n%s", l.name, fmt.Sprintf(format, args...), l.history())
 }
 
 // fd returns a random open handle, opening one if there is none.

@@ -15,45 +15,47 @@ import (
 
 // TestRandomNamespaceMatchesLocal runs random operations on names — create, overwrite,
 // append, truncate, mkdir, unlink, rmdir, rename (over files, directories and across
-// them), symlink, hard link — on a few names three levels deep, so that they collide often, both
-// through the mount and on a local directory, and compares each outcome (the errno
-// included) and, every few operations, what listings, lstat, readlink and reads show.
-// muxfs keeps listings, attributes and missing names and edits them in place on its
-// own changes (docs/design.md, "Memory caches"): a stale entry shows here as a
-// difference from the local directory. At the end the server's copy must match too.
+// them), symlink, hard link — on a few names three levels deep, so that they collide
+// often, both through the mount and on a local directory, and compares each outcome
+// (the errno included) and, every few operations, what listings, lstat, readlink and
+// reads show. muxfs keeps listings, attributes and missing names and edits them in
+// place on its own changes (docs/design.md, "Memory caches"): a stale entry shows here
+// as a difference from the local directory. At the end the server's copy must match.
 func TestRandomNamespaceMatchesLocal(t *testing.T) {
 	e := newEnv(t, 1)
-	for _, c := range []struct {
-		name string
-		opts []string
-	}{
-		{"default", nil},
-		{"nocto", []string{"-o", "nocto"}},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			mp := e.mount(append(c.opts, e.source(0, ""))...)
-			for seed := uint64(1); seed <= uint64(envInt(t, "MUXFS_FSX_SEEDS", 3)); seed++ {
-				dir := fmt.Sprintf("nsx-%s-%d", c.name, seed)
-				x := &nsx{t: t, r: rand.New(rand.NewPCG(seed, 0x9a3e)), local: t.TempDir(), mount: filepath.Join(mp, dir)}
-				if err := os.Mkdir(x.mount, 0o755); err != nil {
-					t.Fatal(err)
-				}
-				x.run(envInt(t, "MUXFS_FSX_OPS", 1500))
-				if d := diffTrees(x.local, filepath.Join(e.data[0], dir)); d != "" {
-					t.Fatalf("seed %d: the server's tree differs from the local one: %s; last operations:\n%s", seed, d, x.history())
-				}
+	eachMount(t, e, []mountVariant{{"default", nil}, {"nocto", []string{"-o", "nocto"}}}, func(t *testing.T, variant, mp string) {
+		for seed := uint64(1); seed <= uint64(envInt(t, "MUXFS_FSX_SEEDS", 3)); seed++ {
+			dir := fmt.Sprintf("nsx-%s-%d", variant, seed)
+			x := &nsx{opLog: opLog{t: t, name: dir}, r: rand.New(rand.NewPCG(seed, 0x9a3e)), local: t.TempDir(), mount: filepath.Join(mp, dir)}
+			if err := os.Mkdir(x.mount, 0o755); err != nil {
+				t.Fatal(err)
 			}
-		})
+			x.run(envInt(t, "MUXFS_FSX_OPS", 1500))
+			if d := diffTrees(x.local, filepath.Join(e.data[0], dir)); d != "" {
+				t.Fatalf("seed %d: the server's tree differs from the local one: %s; last operations:\n%s", seed, d, x.history())
+			}
+		}
+	})
+}
+
+// openWrite opens p with flags, writes data and closes it, as a program saving a file.
+func openWrite(p string, flags int, data []byte) error {
+	f, err := os.OpenFile(p, flags, 0o644)
+	if err != nil {
+		return err
 	}
+	if len(data) > 0 {
+		_, err = f.Write(data)
+	}
+	return errors.Join(err, f.Close())
 }
 
 // nsx applies each operation to a local directory and the same one in the mount.
 type nsx struct {
-	t     *testing.T
+	opLog
 	r     *rand.Rand
 	local string
 	mount string
-	ops   []string
 }
 
 var nsxNames = []string{"a", "b", "c"}
@@ -67,21 +69,11 @@ func (x *nsx) path() string {
 	return filepath.Join(parts...)
 }
 
-func (x *nsx) history() string {
-	from := max(0, len(x.ops)-40)
-	return strings.Join(x.ops[from:], "\n")
-}
-
-func (x *nsx) fail(format string, args ...any) {
-	x.t.Helper()
-	x.t.Fatalf("%s: %s; last operations:\n%s", filepath.Base(x.mount), fmt.Sprintf(format, args...), x.history())
-}
-
 // both runs op on the local directory and on the mount and compares the errors.
 func (x *nsx) both(desc string, op func(root string) error) {
 	x.t.Helper()
 	el, em := op(x.local), op(x.mount)
-	x.ops = append(x.ops, fmt.Sprintf("%s: %v", desc, errnoOf(el)))
+	x.logf("%s: %v", desc, errnoOf(el))
 	if errnoOf(el) != errnoOf(em) {
 		x.fail("%s: local %v, mount %v", desc, el, em)
 	}
@@ -103,12 +95,7 @@ func (x *nsx) run(n int) {
 		switch k := x.r.IntN(100); {
 		case k < 14:
 			x.both("create "+p, func(root string) error {
-				f, err := os.OpenFile(filepath.Join(root, p), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-				if err != nil {
-					return err
-				}
-				_, err = f.Write(content)
-				return errors.Join(err, f.Close())
+				return openWrite(filepath.Join(root, p), os.O_WRONLY|os.O_CREATE|os.O_EXCL, content)
 			})
 		case k < 17:
 			x.both("overwrite "+p, func(root string) error {
@@ -116,20 +103,11 @@ func (x *nsx) run(n int) {
 			})
 		case k < 19:
 			x.both("append "+p, func(root string) error {
-				f, err := os.OpenFile(filepath.Join(root, p), os.O_WRONLY|os.O_APPEND, 0)
-				if err != nil {
-					return err
-				}
-				_, err = f.Write(content)
-				return errors.Join(err, f.Close())
+				return openWrite(filepath.Join(root, p), os.O_WRONLY|os.O_APPEND, content)
 			})
 		case k < 20:
 			x.both("empty "+p, func(root string) error {
-				f, err := os.OpenFile(filepath.Join(root, p), os.O_WRONLY|os.O_TRUNC, 0)
-				if err != nil {
-					return err
-				}
-				return f.Close()
+				return openWrite(filepath.Join(root, p), os.O_WRONLY|os.O_TRUNC, nil)
 			})
 		case k < 21:
 			size := int64(x.r.IntN(60))
@@ -168,7 +146,7 @@ func (x *nsx) run(n int) {
 // look compares what lstat, a listing, readlink and a read show of p.
 func (x *nsx) look(p string) {
 	x.t.Helper()
-	x.ops = append(x.ops, "look "+p)
+	x.logf("look %s", p)
 	if dl, dm := describe(filepath.Join(x.local, p)), describe(filepath.Join(x.mount, p)); dl != dm {
 		x.fail("%s: local %q, mount %q", p, dl, dm)
 	}
@@ -239,21 +217,8 @@ func TestHardLinkNamesAgree(t *testing.T) {
 		want   string
 	}{
 		{"overwrite", func(p string) error { return os.WriteFile(p, []byte(strings.Repeat("y", 148)), 0o644) }, strings.Repeat("y", 148)},
-		{"append", func(p string) error {
-			f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
-			if err != nil {
-				return err
-			}
-			_, err = f.WriteString("more")
-			return errors.Join(err, f.Close())
-		}, old + "more"},
-		{"empty", func(p string) error {
-			f, err := os.OpenFile(p, os.O_WRONLY|os.O_TRUNC, 0)
-			if err != nil {
-				return err
-			}
-			return f.Close()
-		}, ""},
+		{"append", func(p string) error { return openWrite(p, os.O_WRONLY|os.O_APPEND, []byte("more")) }, old + "more"},
+		{"empty", func(p string) error { return openWrite(p, os.O_WRONLY|os.O_TRUNC, nil) }, ""},
 		{"truncate", func(p string) error { return os.Truncate(p, 100) }, old[:100]},
 	} {
 		t.Run(c.name, func(t *testing.T) {
