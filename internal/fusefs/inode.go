@@ -14,6 +14,9 @@ type inodeTable struct {
 	mu    sync.Mutex
 	next  uint64
 	roots map[int]*inoEntry
+	// linked holds the numbers given to a second path (alias): only these can have
+	// other names to look for (names).
+	linked map[uint64]struct{}
 }
 
 type inoEntry struct {
@@ -104,13 +107,21 @@ func (t *inodeTable) alias(source int, rel string, ino uint64) {
 	defer t.mu.Unlock()
 	_, _, e := t.walk(source, rel, true)
 	e.ino = ino
+	if t.linked == nil {
+		t.linked = map[uint64]struct{}{}
+	}
+	t.linked[ino] = struct{}{}
 }
 
 // names returns the paths on source that have the number ino: a file's hard links
-// made through the mount. It walks the whole table, so it serves rare events only.
+// made through the mount. For such a file it walks the whole table (links made
+// through the mount are rare); for any other it returns nil at once.
 func (t *inodeTable) names(source int, ino uint64) []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if _, ok := t.linked[ino]; !ok {
+		return nil
+	}
 	var out []string
 	var walk func(e *inoEntry, rel string)
 	walk = func(e *inoEntry, rel string) {
