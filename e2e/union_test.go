@@ -303,3 +303,38 @@ sources = [%q]
 	// statfs of the union root sums the sources; df works.
 	run(t, "df "+mp+" "+mp+"/FOO")
 }
+
+// TestUnionRenameAllOrNothing: a rename in a union is made on the source's members,
+// then the destination is removed from the others; what would make that removal fail
+// is refused first, with a local rename's errno, and nothing moves. Before, a
+// directory renamed over a merged directory that another member held non-empty was
+// moved on the first member and the rename reported ENOTEMPTY.
+func TestUnionRenameAllOrNothing(t *testing.T) {
+	e := newEnv(t, 2)
+	for _, p := range []string{e.data[0] + "/d/a/a", e.data[0] + "/d/b", e.data[1] + "/d/b/c", e.data[1] + "/d/f/x", e.data[0] + "/d/g"} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, e.data[1]+"/d/b/a", "on the second member")
+	writeFile(t, e.data[0]+"/d/file", "a file on the first member")
+	writeFile(t, e.data[1]+"/d/g", "a file on the second member, a directory on the first")
+	mp := e.mount(e.source(0, ""), e.source(1, ""))
+	for _, c := range []struct {
+		from, to string
+		want     syscall.Errno
+	}{
+		{"d/a/a", "d/b", syscall.ENOTEMPTY}, // b: empty on the first member, not on the second
+		{"d/file", "d/f", syscall.EISDIR},   // f: a directory on the second member only
+		{"d/a/a", "d/g", syscall.ENOTDIR},   // g: a file on the second member
+	} {
+		if err := syscall.Rename(filepath.Join(mp, c.from), filepath.Join(mp, c.to)); err != c.want {
+			t.Errorf("rename %s %s: %v, want %v", c.from, c.to, err, c.want)
+		}
+	}
+	for _, p := range []string{e.data[0] + "/d/a/a", e.data[0] + "/d/b", e.data[1] + "/d/b/a", e.data[0] + "/d/file", e.data[1] + "/d/f/x", e.data[0] + "/d/g", e.data[1] + "/d/g"} {
+		if _, err := os.Lstat(p); err != nil {
+			t.Errorf("after the refused renames: %v", err)
+		}
+	}
+}

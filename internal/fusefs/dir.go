@@ -551,7 +551,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		return syscall.EINVAL // SFTP cannot swap two names atomically
 	}
 	l := sl
-	src, _, err := holders(ctx, l, srel)
+	src, srcAttrs, err := holders(ctx, l, srel)
 	if err != nil {
 		return n.fsys.toErrno(err)
 	}
@@ -586,6 +586,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 			return syscall.EXDEV // the target directory is not on that member
 		}
 	}
+	if err := replaceable(ctx, l, srcAttrs, dst, dstAttrs, drel); err != nil {
+		return n.fsys.toErrno(err)
+	}
 	for _, i := range src {
 		if err := l.Branches[i].Backend.Rename(ctx, srel, drel); err != nil {
 			return n.fsys.toErrno(err)
@@ -607,6 +610,36 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		n.fsys.inodes.move(l.Branches[i].ID, srel, drel)
 	}
 	return 0
+}
+
+// replaceable checks, before a rename in a union, that the destination can go from
+// the members that hold it but not the source (dst, with their attributes): that
+// removal comes after the rename is made on the source's members, and failing there
+// would leave the rename done and reported as failed. The answers are a local
+// rename's: a directory replaced must be empty (ENOTEMPTY), a directory replaces only
+// a directory (ENOTDIR), and a file only a file (EISDIR).
+func replaceable(ctx context.Context, l *mux.Layer, srcAttrs []backend.Attr, dst []int, dstAttrs []backend.Attr, drel string) error {
+	if len(srcAttrs) == 0 {
+		return nil
+	}
+	srcDir := srcAttrs[0].IsDir()
+	for k, i := range dst {
+		switch {
+		case !dstAttrs[k].IsDir() && srcDir:
+			return syscall.ENOTDIR
+		case dstAttrs[k].IsDir() && !srcDir:
+			return syscall.EISDIR
+		case dstAttrs[k].IsDir():
+			entries, err := l.Branches[i].Backend.ReadDir(ctx, drel)
+			if err != nil {
+				return err
+			}
+			if len(entries) > 0 {
+				return syscall.ENOTEMPTY
+			}
+		}
+	}
+	return nil
 }
 
 // renameat2 flags (linux/fs.h).
