@@ -311,7 +311,8 @@ sources = [%q]
 // moved on the first member and the rename reported ENOTEMPTY.
 func TestUnionRenameAllOrNothing(t *testing.T) {
 	e := newEnv(t, 2)
-	for _, p := range []string{e.data[0] + "/d/a/a", e.data[0] + "/d/b", e.data[1] + "/d/b/c", e.data[1] + "/d/f/x", e.data[0] + "/d/g"} {
+	for _, p := range []string{e.data[0] + "/d/a/a", e.data[0] + "/d/b", e.data[1] + "/d/b/c", e.data[1] + "/d/f/x", e.data[0] + "/d/g",
+		e.data[0] + "/d/h/x", e.data[0] + "/d/m", e.data[1] + "/d/m"} {
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -336,5 +337,16 @@ func TestUnionRenameAllOrNothing(t *testing.T) {
 		if _, err := os.Lstat(p); err != nil {
 			t.Errorf("after the refused renames: %v", err)
 		}
+	}
+	// A merged directory empty on every member is replaced, as a local empty one
+	// (rename(2) itself: os.Rename refuses any existing directory as a target).
+	if err := syscall.Rename(filepath.Join(mp, "d/h"), filepath.Join(mp, "d/m")); err != nil {
+		t.Fatalf("rename over a merged, empty directory: %v", err)
+	}
+	if _, err := os.Stat(e.data[0] + "/d/m/x"); err != nil {
+		t.Errorf("the renamed directory: %v", err)
+	}
+	if _, err := os.Stat(e.data[1] + "/d/m"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the replaced directory's copy on the other member: %v, want it gone", err)
 	}
 }

@@ -494,14 +494,8 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 			if !attrs[k].IsDir() {
 				return syscall.ENOTDIR
 			}
-			ents, err := l.Branches[i].Backend.ReadDir(ctx, rel)
-			if err != nil {
+			if err := emptyDir(ctx, l.Branches[i].Backend, rel); err != nil {
 				return n.fsys.toErrno(err)
-			}
-			for _, e := range ents {
-				if e.Name != "." && e.Name != ".." {
-					return syscall.ENOTEMPTY
-				}
 			}
 		}
 	}
@@ -630,13 +624,24 @@ func replaceable(ctx context.Context, l *mux.Layer, srcAttrs []backend.Attr, dst
 		case dstAttrs[k].IsDir() && !srcDir:
 			return syscall.EISDIR
 		case dstAttrs[k].IsDir():
-			entries, err := l.Branches[i].Backend.ReadDir(ctx, drel)
-			if err != nil {
+			if err := emptyDir(ctx, l.Branches[i].Backend, drel); err != nil {
 				return err
 			}
-			if len(entries) > 0 {
-				return syscall.ENOTEMPTY
-			}
+		}
+	}
+	return nil
+}
+
+// emptyDir returns ENOTEMPTY unless the directory rel of b holds no name but . and ..
+// (which SFTP servers list).
+func emptyDir(ctx context.Context, b backend.Backend, rel string) error {
+	ents, err := b.ReadDir(ctx, rel)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if e.Name != "." && e.Name != ".." {
+			return syscall.ENOTEMPTY
 		}
 	}
 	return nil
