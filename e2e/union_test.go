@@ -312,7 +312,7 @@ sources = [%q]
 func TestUnionRenameAllOrNothing(t *testing.T) {
 	e := newEnv(t, 2)
 	for _, p := range []string{e.data[0] + "/d/a/a", e.data[0] + "/d/b", e.data[1] + "/d/b/c", e.data[1] + "/d/f/x", e.data[0] + "/d/g",
-		e.data[0] + "/d/h/x", e.data[0] + "/d/m", e.data[1] + "/d/m"} {
+		e.data[0] + "/d/h/x", e.data[0] + "/d/m", e.data[1] + "/d/m", e.data[0] + "/d/p", e.data[1] + "/d/p", e.data[1] + "/d/q/x"} {
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -328,12 +328,14 @@ func TestUnionRenameAllOrNothing(t *testing.T) {
 		{"d/a/a", "d/b", syscall.ENOTEMPTY}, // b: empty on the first member, not on the second
 		{"d/file", "d/f", syscall.EISDIR},   // f: a directory on the second member only
 		{"d/a/a", "d/g", syscall.ENOTDIR},   // g: a file on the second member
+		{"d/p", "d/q", syscall.ENOTEMPTY},   // p on both members, q not empty on the second
 	} {
 		if err := syscall.Rename(filepath.Join(mp, c.from), filepath.Join(mp, c.to)); err != c.want {
 			t.Errorf("rename %s %s: %v, want %v", c.from, c.to, err, c.want)
 		}
 	}
-	for _, p := range []string{e.data[0] + "/d/a/a", e.data[0] + "/d/b", e.data[1] + "/d/b/a", e.data[0] + "/d/file", e.data[1] + "/d/f/x", e.data[0] + "/d/g", e.data[1] + "/d/g"} {
+	for _, p := range []string{e.data[0] + "/d/a/a", e.data[0] + "/d/b", e.data[1] + "/d/b/a", e.data[0] + "/d/file", e.data[1] + "/d/f/x", e.data[0] + "/d/g", e.data[1] + "/d/g",
+		e.data[0] + "/d/p", e.data[1] + "/d/p", e.data[1] + "/d/q/x"} {
 		if _, err := os.Lstat(p); err != nil {
 			t.Errorf("after the refused renames: %v", err)
 		}

@@ -551,9 +551,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	}
 	var dst []int
 	var dstAttrs []backend.Attr
+	var all []int // the members holding the target, and its attributes on each
+	var attrs []backend.Attr
 	if len(l.Branches) > 1 || flags&unixRenameNoreplace != 0 {
-		var all []int
-		var attrs []backend.Attr
 		if len(l.Branches) == 1 {
 			if a, err := l.Branches[0].Backend.Lstat(ctx, drel); err == nil {
 				all, attrs = []int{0}, []backend.Attr{a}
@@ -580,8 +580,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 			return syscall.EXDEV // the target directory is not on that member
 		}
 	}
-	if err := replaceable(ctx, l, srcAttrs, dst, dstAttrs, drel); err != nil {
-		return n.fsys.toErrno(err)
+	if len(l.Branches) > 1 {
+		if err := replaceable(ctx, l, srcAttrs, all, attrs, drel); err != nil {
+			return n.fsys.toErrno(err)
+		}
 	}
 	for _, i := range src {
 		if err := l.Branches[i].Backend.Rename(ctx, srel, drel); err != nil {
@@ -606,24 +608,25 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	return 0
 }
 
-// replaceable checks, before a rename in a union, that the destination can go from
-// the members that hold it but not the source (dst, with their attributes): that
-// removal comes after the rename is made on the source's members, and failing there
-// would leave the rename done and reported as failed. The answers are a local
-// rename's: a directory replaced must be empty (ENOTEMPTY), a directory replaces only
-// a directory (ENOTDIR), and a file only a file (EISDIR).
-func replaceable(ctx context.Context, l *mux.Layer, srcAttrs []backend.Attr, dst []int, dstAttrs []backend.Attr, drel string) error {
+// replaceable checks, before a rename in a union, that the target can be replaced on
+// every member that holds it (targets, with their attributes): the rename is made
+// member by member, on the source's and then removing the target from the others, and
+// a refusal on one after another has done it would leave the rename half made and
+// reported as failed. The answers are a local rename's: a directory replaced must be
+// empty (ENOTEMPTY), a directory replaces only a directory (ENOTDIR), and a file only
+// a file (EISDIR).
+func replaceable(ctx context.Context, l *mux.Layer, srcAttrs []backend.Attr, targets []int, attrs []backend.Attr, drel string) error {
 	if len(srcAttrs) == 0 {
 		return nil
 	}
 	srcDir := srcAttrs[0].IsDir()
-	for k, i := range dst {
+	for k, i := range targets {
 		switch {
-		case !dstAttrs[k].IsDir() && srcDir:
+		case !attrs[k].IsDir() && srcDir:
 			return syscall.ENOTDIR
-		case dstAttrs[k].IsDir() && !srcDir:
+		case attrs[k].IsDir() && !srcDir:
 			return syscall.EISDIR
-		case dstAttrs[k].IsDir():
+		case attrs[k].IsDir():
 			if err := emptyDir(ctx, l.Branches[i].Backend, drel); err != nil {
 				return err
 			}
