@@ -274,17 +274,16 @@ func (n *node) writersAttr() (a backend.Attr, ok bool) {
 // on a local file. A write that failed stays its writer's to report (at its next
 // write, fsync or close), not the caller's.
 func (n *node) drainWriters(ctx context.Context, except *fileHandle) {
+	var others []*fileHandle // nil, with no allocation, for a file with one writer
 	n.mu.Lock()
-	_, self := n.writers[except]
-	if len(n.writers) == 0 || len(n.writers) == 1 && self {
-		n.mu.Unlock()
-		return
+	for h := range n.writers {
+		if h != except {
+			others = append(others, h)
+		}
 	}
 	n.mu.Unlock()
-	for _, h := range n.writerHandles() {
-		if h != except {
-			h.f.Drain(ctx)
-		}
+	for _, h := range others {
+		h.f.Drain(ctx)
 	}
 }
 
