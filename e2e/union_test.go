@@ -311,12 +311,8 @@ sources = [%q]
 // moved on the first member and the rename reported ENOTEMPTY.
 func TestUnionRenameAllOrNothing(t *testing.T) {
 	e := newEnv(t, 2)
-	for _, p := range []string{e.data[0] + "/d/a/a", e.data[0] + "/d/b", e.data[1] + "/d/b/c", e.data[1] + "/d/f/x", e.data[0] + "/d/g",
-		e.data[0] + "/d/h/x", e.data[0] + "/d/m", e.data[1] + "/d/m", e.data[0] + "/d/p", e.data[1] + "/d/p", e.data[1] + "/d/q/x"} {
-		if err := os.MkdirAll(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mkdirs(t, e.data[0]+"/d/a/a", e.data[0]+"/d/b", e.data[1]+"/d/b/c", e.data[1]+"/d/f/x", e.data[0]+"/d/g",
+		e.data[0]+"/d/h/x", e.data[0]+"/d/m", e.data[1]+"/d/m", e.data[0]+"/d/p", e.data[1]+"/d/p", e.data[1]+"/d/q/x")
 	writeFile(t, e.data[1]+"/d/b/a", "on the second member")
 	writeFile(t, e.data[0]+"/d/file", "a file on the first member")
 	writeFile(t, e.data[1]+"/d/g", "a file on the second member, a directory on the first")
@@ -350,5 +346,38 @@ func TestUnionRenameAllOrNothing(t *testing.T) {
 	}
 	if _, err := os.Stat(e.data[1] + "/d/m"); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the replaced directory's copy on the other member: %v, want it gone", err)
+	}
+}
+
+// TestUnionRefresh: `muxfs refresh` in a union drops every member's cached names, and
+// a directory the kernel still holds (a shell's working directory, here an open
+// descriptor) merges a member that has since made the same directory. Before, the
+// refresh did not reach the members' caches through the wrapper that leaves a member
+// out while it is down, and a directory looked up again kept the members it had.
+func TestUnionRefresh(t *testing.T) {
+	e := newEnv(t, 2)
+	writeFile(t, e.data[0]+"/d/a", "a")
+	writeFile(t, e.data[0]+"/e/a", "a")
+	mp := e.mount(e.source(0, ""), e.source(1, ""))
+	for _, d := range []string{"d", "e"} {
+		if got := strings.Join(names(t, mp+"/"+d), " "); got != "a" {
+			t.Fatalf("%s: %q", d, got)
+		}
+	}
+	held, err := os.Open(mp + "/e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	writeFile(t, e.data[0]+"/d/new", "on the first member")
+	writeFile(t, e.data[1]+"/e/b", "on the second member, in a directory it did not have")
+	if out, err := exec.Command(muxfsBin, "refresh", mp).CombinedOutput(); err != nil {
+		t.Fatalf("muxfs refresh: %v %s", err, out)
+	}
+	if got := strings.Join(names(t, mp+"/d"), " "); got != "a new" {
+		t.Errorf("d after refresh: %q, want \"a new\"", got)
+	}
+	if got := strings.Join(names(t, mp+"/e"), " "); got != "a b" {
+		t.Errorf("e after refresh: %q, want \"a b\"", got)
 	}
 }

@@ -109,6 +109,29 @@ type Backend interface {
 	Close() error
 }
 
+// Wrapper is a Backend that adds behaviour to another (a union member's stand-in
+// while its server is down, for instance) and forwards the rest to it.
+type Wrapper interface {
+	Unwrap() Backend
+}
+
+// As finds, in b or the backends b wraps, the first that implements T: what a source
+// offers besides the Backend methods (dropping its cache for a path, say) must reach
+// it through any wrapper, as errors.As reaches a wrapped error.
+func As[T any](b Backend) (T, bool) {
+	for {
+		if t, ok := b.(T); ok {
+			return t, true
+		}
+		w, ok := b.(Wrapper)
+		if !ok {
+			var zero T
+			return zero, false
+		}
+		b = w.Unwrap()
+	}
+}
+
 // File is an open file of a Backend.
 //
 // Writes may be sent behind the caller's back (write-behind): a write's failure is

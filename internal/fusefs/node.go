@@ -146,13 +146,21 @@ func (n *node) child(ctx context.Context, name, vp string, l *mux.Layer, rel str
 	} else {
 		ino = n.fsys.inodes.get(l.Branches[found.Index].ID, rel)
 	}
-	fresh := &node{fsys: n.fsys}
-	fresh.setFound(found, synthetic)
-	inode := n.NewInode(ctx, fresh, fs.StableAttr{Mode: attr.Type(), Ino: ino})
-	ch := inode.Operations().(*node)
-	if ch != fresh {
-		ch.setFound(found, synthetic)
+	id := fs.StableAttr{Mode: attr.Type(), Ino: ino}
+	// The node the kernel already has for this name must take the new resolution (a
+	// union directory that another member now also holds, a file's new link count):
+	// go-fuse keeps the node it has for the same StableAttr and drops a new one, and
+	// NewInode cannot tell, since go-fuse matches them only after Lookup returns.
+	if old := n.GetChild(name); old != nil && old.StableAttr() == id {
+		if ch, ok := old.Operations().(*node); ok {
+			ch.setFound(found, synthetic)
+			ch.report(&out.Attr, attr)
+			return old
+		}
 	}
+	ch := &node{fsys: n.fsys}
+	ch.setFound(found, synthetic)
+	inode := n.NewInode(ctx, ch, id)
 	ch.report(&out.Attr, attr)
 	return inode
 }
@@ -359,7 +367,7 @@ func (n *node) otherNamesChanged() {
 		return
 	}
 	b := l.Branches[branch]
-	c, ok := b.Backend.(interface{ Changed(p string) })
+	c, ok := backend.As[interface{ Changed(p string) }](b.Backend)
 	if !ok {
 		return
 	}

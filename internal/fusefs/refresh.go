@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/hanwen/go-fuse/v2/fs"
+
+	"github.com/muxfs/muxfs/internal/backend"
 )
 
 // refresher is a source with a cache that can be dropped for a subtree.
@@ -22,7 +24,7 @@ func (f *FS) Refresh(vp string) error {
 	}
 	for i, l := range layers {
 		for _, b := range l.Branches {
-			if r, ok := b.Backend.(refresher); ok {
+			if r, ok := backend.As[refresher](b.Backend); ok {
 				r.Refresh(rels[i])
 			}
 		}

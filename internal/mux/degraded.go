@@ -32,6 +32,10 @@ func NewDegraded(b backend.Backend, state func() backend.State, offline func() b
 	return &Degraded{Backend: b, state: state, offline: offline, log: log}
 }
 
+// Unwrap is the member itself: what it offers besides the Backend methods (its
+// cache's Refresh and Changed) is reached through backend.As.
+func (d *Degraded) Unwrap() backend.Backend { return d.Backend }
+
 // skip reports whether lookups and listings leave the member out now.
 func (d *Degraded) skip() bool {
 	return !d.Available() && (d.offline == nil || !d.offline())

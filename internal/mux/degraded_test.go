@@ -85,3 +85,34 @@ func TestOfflineMemberStaysVisible(t *testing.T) {
 		t.Errorf("placement with member 0 offline: %d %v, want member 1", i, err)
 	}
 }
+
+// refreshing is a member with a cache to drop.
+type refreshing struct {
+	unreachable
+	dropped []string
+}
+
+func (r *refreshing) Refresh(rel string) { r.dropped = append(r.dropped, rel) }
+
+// TestDegradedReachesMember: what a member offers besides the Backend methods (its
+// cache's Refresh and Changed) is found through the wrapper, and the wrapper's own
+// methods are found first.
+func TestDegradedReachesMember(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	m := &refreshing{}
+	d := NewDegraded(m, func() backend.State { return backend.StateUp }, nil, log)
+	r, ok := backend.As[interface{ Refresh(string) }](d)
+	if !ok {
+		t.Fatal("Refresh not found through the wrapper")
+	}
+	r.Refresh("sub")
+	if len(m.dropped) != 1 || m.dropped[0] != "sub" {
+		t.Errorf("the member's Refresh got %q", m.dropped)
+	}
+	if a, ok := backend.As[interface{ Available() bool }](d); !ok || a != any(d) {
+		t.Errorf("Available: got %v %v, want the wrapper's own", a, ok)
+	}
+	if _, ok := backend.As[interface{ Changed(string) }](d); ok {
+		t.Error("found a Changed that no backend in the chain has")
+	}
+}
