@@ -673,27 +673,40 @@ func (s *Source) readDir(ctx context.Context, p string) ([]backend.Entry, error)
 }
 
 // fetchListing lists p on the source and caches the answer. Concurrent fetches of one
-// directory (a walk reaching a directory that is being listed ahead) share one request.
+// directory (a walk reaching a directory that is being listed ahead) share one request
+// — but only one sent after every change the caller may have seen: a request sent
+// before a change through the mount (an rmdir the caller made, say, while the prefetch
+// was listing the directory) answers what was there before it, and the caller asks
+// again. The stamps order them: a directory's stamp only grows, at every change.
 func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, error) {
-	v, err, _ := s.meta.flight.Do(fmt.Sprintf("%d\x00%s", s.id, p), func() (any, error) {
-		now := time.Now()
-		stamp := s.meta.stamp(s.id, p)
-		list, err := s.Backend.ReadDir(ctx, p)
+	type fetched struct {
+		list  []backend.Entry
+		stamp uint64
+	}
+	for {
+		seen := s.meta.stamp(s.id, p)
+		v, err, _ := s.meta.flight.Do(fmt.Sprintf("%d\x00%s", s.id, p), func() (any, error) {
+			now := time.Now()
+			stamp := s.meta.stamp(s.id, p)
+			list, err := s.Backend.ReadDir(ctx, p)
+			if err != nil {
+				return nil, err
+			}
+			s.meta.putListing(s.id, p, list, now, now, stamp)
+			if s.persist != nil && s.meta.stamp(s.id, p) == stamp {
+				s.persist.SaveListing(p, list, now)
+				// Fetched by this mount: its stored copy is not a first use later.
+				s.markStoredUsed(p)
+			}
+			return fetched{list, stamp}, nil
+		})
 		if err != nil {
 			return nil, err
 		}
-		s.meta.putListing(s.id, p, list, now, now, stamp)
-		if s.persist != nil && s.meta.stamp(s.id, p) == stamp {
-			s.persist.SaveListing(p, list, now)
-			// Fetched by this mount: its stored copy is not a first use later.
-			s.markStoredUsed(p)
+		if f := v.(fetched); f.stamp >= seen {
+			return f.list, nil
 		}
-		return list, nil
-	})
-	if err != nil {
-		return nil, err
 	}
-	return v.([]backend.Entry), nil
 }
 
 // storedListing answers a listing from the persistent cache (see the comment inside

@@ -1105,3 +1105,63 @@ func TestSymlinkTargetsOffline(t *testing.T) {
 		t.Errorf("%d readlinks reached the source while offline", n)
 	}
 }
+
+// gated lists directory "d" once, then holds that first answer until released.
+type gated struct {
+	backend.Backend
+	once             sync.Once
+	entered, release chan struct{}
+}
+
+func (g *gated) ReadDir(ctx context.Context, p string) ([]backend.Entry, error) {
+	list, err := g.Backend.ReadDir(ctx, p)
+	if p == "d" {
+		g.once.Do(func() {
+			close(g.entered)
+			<-g.release
+		})
+	}
+	return list, err
+}
+
+// TestListingAfterOwnChange: a listing asked for after a change through the mount does
+// not take the answer of a request sent before it (the prefetch listing ahead, under
+// load), although concurrent fetches of a directory share one request.
+func TestListingAfterOwnChange(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(dir+"/d/x", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := backend.NewLocal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gated{Backend: l, entered: make(chan struct{}), release: make(chan struct{})}
+	s := Wrap(g, 0, NewMeta(time.Minute), nil)
+	ctx := context.Background()
+	early := make(chan []backend.Entry)
+	go func() {
+		list, _ := s.ReadDir(ctx, "d") // sent before the rmdir
+		early <- list
+	}()
+	<-g.entered
+	if err := s.Rmdir(ctx, "d/x"); err != nil {
+		t.Fatal(err)
+	}
+	late := make(chan []backend.Entry)
+	go func() {
+		list, _ := s.ReadDir(ctx, "d") // joins the request in flight
+		late <- list
+	}()
+	time.Sleep(100 * time.Millisecond)
+	close(g.release)
+	<-early
+	for _, e := range <-late {
+		if e.Name == "x" {
+			t.Fatal("a listing asked for after rmdir d/x shows x")
+		}
+	}
+	if _, err := s.Lstat(ctx, "d/x"); err != syscall.ENOENT {
+		t.Errorf("lstat d/x after the rmdir: %v, want ENOENT", err)
+	}
+}
