@@ -23,9 +23,10 @@ import (
 // as a difference from the local directory. At the end the server's copy must match.
 func TestRandomNamespaceMatchesLocal(t *testing.T) {
 	e := newEnv(t, 1)
-	eachMount(t, e, []mountVariant{{"default", nil}, {"nocto", []string{"-o", "nocto"}}}, func(t *testing.T, variant, mp string) {
+	variants := []mountVariant{{"default", nil}, {"cache=memory", []string{"-o", "cache=memory"}}, {"nocto", []string{"-o", "nocto"}}}
+	eachMount(t, e, variants, func(t *testing.T, variant, mp string) {
 		for seed := uint64(1); seed <= uint64(envInt(t, "MUXFS_FSX_SEEDS", 3)); seed++ {
-			dir := fmt.Sprintf("nsx-%s-%d", variant, seed)
+			dir := fmt.Sprintf("nsx-%s-%d", strings.ReplaceAll(variant, "=", "-"), seed)
 			x := &nsx{opLog: opLog{t: t, name: dir}, r: rand.New(rand.NewPCG(seed, 0x9a3e)), local: t.TempDir(), mount: filepath.Join(mp, dir)}
 			if err := os.Mkdir(x.mount, 0o755); err != nil {
 				t.Fatal(err)

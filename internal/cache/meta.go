@@ -676,8 +676,8 @@ func (s *Source) readDir(ctx context.Context, p string) ([]backend.Entry, error)
 // directory (a walk reaching a directory that is being listed ahead) share one request
 // — but only one sent after every change the caller may have seen: a request sent
 // before a change through the mount (an rmdir the caller made, say, while the prefetch
-// was listing the directory) answers what was there before it, and the caller asks
-// again. The stamps order them: a directory's stamp only grows, at every change.
+// was listing the directory, or the mkdir of a directory the prefetch found missing)
+// answers, or fails, as things were before it, and the caller asks again. The stamps order them: a directory's stamp only grows, at every change.
 func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, error) {
 	type fetched struct {
 		list  []backend.Entry
@@ -690,7 +690,7 @@ func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, e
 			stamp := s.meta.stamp(s.id, p)
 			list, err := s.Backend.ReadDir(ctx, p)
 			if err != nil {
-				return nil, err
+				return fetched{stamp: stamp}, err
 			}
 			s.meta.putListing(s.id, p, list, now, now, stamp)
 			if s.persist != nil && s.meta.stamp(s.id, p) == stamp {
@@ -700,11 +700,8 @@ func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, e
 			}
 			return fetched{list, stamp}, nil
 		})
-		if err != nil {
-			return nil, err
-		}
 		if f := v.(fetched); f.stamp >= seen {
-			return f.list, nil
+			return f.list, err
 		}
 	}
 }

@@ -1106,16 +1106,17 @@ func TestSymlinkTargetsOffline(t *testing.T) {
 	}
 }
 
-// gated lists directory "d" once, then holds that first answer until released.
+// gated lists directory path once, then holds that first answer until released.
 type gated struct {
 	backend.Backend
+	path             string
 	once             sync.Once
 	entered, release chan struct{}
 }
 
 func (g *gated) ReadDir(ctx context.Context, p string) ([]backend.Entry, error) {
 	list, err := g.Backend.ReadDir(ctx, p)
-	if p == "d" {
+	if p == g.path {
 		g.once.Do(func() {
 			close(g.entered)
 			<-g.release
@@ -1126,42 +1127,75 @@ func (g *gated) ReadDir(ctx context.Context, p string) ([]backend.Entry, error) 
 
 // TestListingAfterOwnChange: a listing asked for after a change through the mount does
 // not take the answer of a request sent before it (the prefetch listing ahead, under
-// load), although concurrent fetches of a directory share one request.
+// load), although concurrent fetches of a directory share one request: neither a name
+// removed since, nor the failure to list a directory made since.
 func TestListingAfterOwnChange(t *testing.T) {
-	dir := t.TempDir()
-	if err := os.MkdirAll(dir+"/d/x", 0o755); err != nil {
-		t.Fatal(err)
-	}
-	l, err := backend.NewLocal(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := &gated{Backend: l, entered: make(chan struct{}), release: make(chan struct{})}
-	s := Wrap(g, 0, NewMeta(time.Minute), nil)
-	ctx := context.Background()
-	early := make(chan []backend.Entry)
-	go func() {
-		list, _ := s.ReadDir(ctx, "d") // sent before the rmdir
-		early <- list
-	}()
-	<-g.entered
-	if err := s.Rmdir(ctx, "d/x"); err != nil {
-		t.Fatal(err)
-	}
-	late := make(chan []backend.Entry)
-	go func() {
-		list, _ := s.ReadDir(ctx, "d") // joins the request in flight
-		late <- list
-	}()
-	time.Sleep(100 * time.Millisecond)
-	close(g.release)
-	<-early
-	for _, e := range <-late {
-		if e.Name == "x" {
-			t.Fatal("a listing asked for after rmdir d/x shows x")
-		}
-	}
-	if _, err := s.Lstat(ctx, "d/x"); err != syscall.ENOENT {
-		t.Errorf("lstat d/x after the rmdir: %v, want ENOENT", err)
+	for _, c := range []struct {
+		name, dir string
+		change    func(s *Source) error
+		check     func(list []backend.Entry, err error) string
+	}{
+		{"rmdir", "d", func(s *Source) error { return s.Rmdir(context.Background(), "d/x") },
+			func(list []backend.Entry, err error) string {
+				if err != nil || slices.ContainsFunc(list, func(e backend.Entry) bool { return e.Name == "x" }) {
+					return fmt.Sprintf("%v %v, want a listing without x", list, err)
+				}
+				return ""
+			}},
+		// The namespace test's sequence: mkdir, then a file written in it, which
+		// drops the directory's listing, so the next listing is fetched.
+		{"mkdir", "n", func(s *Source) error {
+			ctx := context.Background()
+			if _, err := s.Mkdir(ctx, "n", 0o755); err != nil {
+				return err
+			}
+			f, err := s.Open(ctx, "n/c", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+			if err != nil {
+				return err
+			}
+			return f.Close(ctx)
+		}, func(list []backend.Entry, err error) string {
+			if err != nil || !slices.ContainsFunc(list, func(e backend.Entry) bool { return e.Name == "c" }) {
+				return fmt.Sprintf("%v %v, want the new directory's listing", list, err)
+			}
+			return ""
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.MkdirAll(dir+"/d/x", 0o755); err != nil {
+				t.Fatal(err)
+			}
+			l, err := backend.NewLocal(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := &gated{Backend: l, path: c.dir, entered: make(chan struct{}), release: make(chan struct{})}
+			s := Wrap(g, 0, NewMeta(time.Minute), nil)
+			early := make(chan struct{})
+			go func() {
+				s.ReadDir(context.Background(), c.dir) //nolint:errcheck // sent before the change
+				close(early)
+			}()
+			<-g.entered
+			if err := c.change(s); err != nil {
+				t.Fatal(err)
+			}
+			type answer struct {
+				list []backend.Entry
+				err  error
+			}
+			late := make(chan answer)
+			go func() {
+				list, err := s.ReadDir(context.Background(), c.dir) // joins the request in flight
+				late <- answer{list, err}
+			}()
+			time.Sleep(100 * time.Millisecond)
+			close(g.release)
+			<-early
+			if a := <-late; c.check(a.list, a.err) != "" {
+				t.Errorf("listing %s after the %s: %s", c.dir, c.name, c.check(a.list, a.err))
+			}
+		})
 	}
 }
