@@ -695,8 +695,15 @@ func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, e
 			s.meta.putListing(s.id, p, list, now, now, stamp)
 			if s.persist != nil && s.meta.stamp(s.id, p) == stamp {
 				s.persist.SaveListing(p, list, now)
-				// Fetched by this mount: its stored copy is not a first use later.
-				s.markStoredUsed(p)
+				if s.meta.stamp(s.id, p) != stamp {
+					// A change came between the check and the save: the stamp moves
+					// before the change forgets the stored listing, which it may have
+					// done before this save. Forget it again, after the save.
+					s.persist.ForgetListing(p)
+				} else {
+					// Fetched by this mount: its stored copy is not a first use later.
+					s.markStoredUsed(p)
+				}
 			}
 			return fetched{list, stamp}, nil
 		})

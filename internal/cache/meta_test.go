@@ -1199,3 +1199,44 @@ func TestListingAfterOwnChange(t *testing.T) {
 		})
 	}
 }
+
+// racingPersist makes a change through the source just before it stores a listing of
+// dir: the change's own forgetting of the stored listing then comes before the save.
+type racingPersist struct {
+	*memPersist
+	dir    string
+	change func()
+	once   sync.Once
+}
+
+func (r *racingPersist) SaveListing(p string, list []backend.Entry, at time.Time) {
+	if p == r.dir {
+		r.once.Do(r.change)
+	}
+	r.memPersist.SaveListing(p, list, at)
+}
+
+// TestStoredListingAfterRacingChange: a listing fetched before a change through the
+// mount is not left in the persistent cache when the change comes between the check
+// that nothing changed and the save: the next mount (or the memory copy's expiry)
+// would answer it.
+func TestStoredListingAfterRacingChange(t *testing.T) {
+	s, _, dir := newSource(t, time.Minute, nil)
+	ctx := context.Background()
+	if err := os.MkdirAll(dir+"/d/x", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := &racingPersist{memPersist: newMemPersist(), dir: "d"}
+	p.change = func() {
+		if err := s.Rmdir(ctx, "d/x"); err != nil {
+			t.Error(err)
+		}
+	}
+	s.SetPersist(p, func() bool { return false })
+	if _, err := s.ReadDir(ctx, "d"); err != nil {
+		t.Fatal(err)
+	}
+	if list, _, ok := p.LoadListing("d"); ok && slices.ContainsFunc(list, func(e backend.Entry) bool { return e.Name == "x" }) {
+		t.Errorf("the stored listing of d still has x, removed through the mount: %v", list)
+	}
+}
