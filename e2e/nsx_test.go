@@ -52,8 +52,9 @@ func TestRandomNamespaceUnion(t *testing.T) {
 	for _, policy := range []string{"epff", "ff", "mfs"} {
 		t.Run(policy, func(t *testing.T) {
 			local := t.TempDir()
+			seedDir := func(seed int) string { return fmt.Sprintf("nsxu-%s-%d", policy, seed) }
 			for seed := 1; seed <= seeds; seed++ {
-				dir := fmt.Sprintf("nsxu-%s-%d", policy, seed)
+				dir := seedDir(seed)
 				in := func(rel string, roots ...string) []string {
 					var ps []string
 					for _, r := range roots {
@@ -72,9 +73,9 @@ func TestRandomNamespaceUnion(t *testing.T) {
 			}
 			mp := e.mount("--config", writeConfig(t, e, fmt.Sprintf("[[mount]]\npath = \"/\"\npolicy = %q\nsources = [%q, %q]\n",
 				policy, e.source(0, ""), e.source(1, ""))))
-			for seed := uint64(1); seed <= uint64(seeds); seed++ {
-				dir := fmt.Sprintf("nsxu-%s-%d", policy, seed)
-				x := &nsx{opLog: opLog{t: t, name: dir}, r: rand.New(rand.NewPCG(seed, 0x9a3e)), local: filepath.Join(local, dir), mount: filepath.Join(mp, dir), union: true}
+			for seed := 1; seed <= seeds; seed++ {
+				dir := seedDir(seed)
+				x := &nsx{opLog: opLog{t: t, name: dir}, r: rand.New(rand.NewPCG(uint64(seed), 0x9a3e)), local: filepath.Join(local, dir), mount: filepath.Join(mp, dir), union: true}
 				x.run(envInt(t, "MUXFS_FSX_OPS", 1500))
 			}
 		})
