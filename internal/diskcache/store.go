@@ -222,6 +222,24 @@ func (q *metaQueue) get(p string) (v []byte, queued bool) {
 
 func (q *metaQueue) len() int { return len(q.put) + len(q.del) }
 
+// requeue adds the changes of a commit that failed, except where a change to the same
+// key was queued since: that one is newer.
+func (m *metaSaves) requeue(failed metaSaves) {
+	for kind := range m {
+		q := &m[kind]
+		for p, v := range failed[kind].put {
+			if _, newer := q.get(p); !newer {
+				q.set(p, v)
+			}
+		}
+		for p := range failed[kind].del {
+			if _, newer := q.get(p); !newer {
+				q.forget(p)
+			}
+		}
+	}
+}
+
 // Store opens the cache of one source, named as the user knows it.
 func (c *Cache) Store(source string) (*Store, error) {
 	dir := filepath.Join(c.Dir, SourceKey(source))
@@ -275,6 +293,13 @@ type Store struct {
 	mu      sync.Mutex
 	entries map[string]*entry // open, or holding changes not yet committed
 	saves   metaSaves         // listings, attributes and symlink targets to commit
+	// committing are the saves a commit is writing: until its transaction is done,
+	// loads still answer from them, not from the database's older values (a commit
+	// waits for the data files' syncs first, which under load takes long enough for
+	// a forgotten listing to be loaded again from the database). commits counts the
+	// commits done, for ForgetTree.
+	committing metaSaves
+	commits    uint64
 	// gone are paths whose data file was removed (unlink, rename, truncate) and whose
 	// record is deleted with the next commit, not one commit each (an rm -rf of a
 	// cached tree). A record whose data file is gone names nothing, and until the
@@ -1094,8 +1119,19 @@ func (st *Store) flush() {
 		e.mu.Unlock()
 	}
 	saves, gone := st.saves, maps.Clone(st.gone)
-	st.saves = newMetaSaves()
+	st.saves, st.committing = newMetaSaves(), saves
 	st.mu.Unlock()
+	metaDone := false
+	defer func() {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if !metaDone {
+			// Not committed: queued again, under the changes queued since.
+			st.saves.requeue(saves)
+		}
+		st.committing = metaSaves{}
+		st.commits++
+	}()
 	queued := len(todo) + len(gone)
 	for _, q := range saves {
 		queued += q.len()
@@ -1211,6 +1247,7 @@ func (st *Store) flush() {
 		st.c.log.Warn("cache: could not commit records", "source", st.name, "err", err)
 		return
 	}
+	metaDone = true
 	st.used.Add(-freed)
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -1352,10 +1389,14 @@ func (st *Store) LoadListing(p string) ([]backend.Entry, time.Time, bool) {
 }
 
 // loadQueued returns the value of key p of a metadata bucket: the one queued for the
-// next commit, else the database's (nil: none, or a deletion queued).
+// next commit, else the one a commit is writing, else the database's (nil: none, or a
+// deletion queued).
 func (st *Store) loadQueued(kind int, p string) []byte {
 	st.mu.Lock()
 	v, queued := st.saves[kind].get(p)
+	if !queued {
+		v, queued = st.committing[kind].get(p)
+	}
 	st.mu.Unlock()
 	if queued {
 		return v
@@ -1428,10 +1469,45 @@ func (st *Store) ForgetTree(dir string) {
 	// still pending; a concatenation per pending key was about half of that scan's
 	// time.
 	below := dir + "/"
-	// The stored keys at and below dir, per metadata bucket, read in one transaction.
-	var stored [metaKinds][]string
+	under := func(p string) bool { return dir == "" || p == dir || strings.HasPrefix(p, below) }
+	for {
+		st.mu.Lock()
+		commits := st.commits
+		st.mu.Unlock()
+		stored := st.storedUnder(dir)
+		st.mu.Lock()
+		if st.commits != commits {
+			// A commit landed values the scan may have missed: scan again.
+			st.mu.Unlock()
+			continue
+		}
+		for kind := range st.saves {
+			q := &st.saves[kind]
+			for p := range q.put {
+				if under(p) {
+					q.forget(p)
+				}
+			}
+			// Values a commit is writing now: deleted by the next one.
+			for p := range st.committing[kind].put {
+				if under(p) {
+					q.forget(p)
+				}
+			}
+			for _, k := range stored[kind] {
+				q.forget(k)
+			}
+		}
+		st.mu.Unlock()
+		return
+	}
+}
+
+// storedUnder returns the keys at and below dir ("" is everything) in the database,
+// per metadata bucket, read in one transaction.
+func (st *Store) storedUnder(dir string) (stored [metaKinds][]string) {
 	st.db.View(func(tx *bolt.Tx) error { //nolint:errcheck // a read error leaves nothing to drop
-		prefix := []byte(below)
+		prefix := []byte(dir + "/")
 		if dir == "" {
 			prefix = nil
 		}
@@ -1446,19 +1522,7 @@ func (st *Store) ForgetTree(dir string) {
 		}
 		return nil
 	})
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	for kind := range st.saves {
-		q := &st.saves[kind]
-		for p := range q.put {
-			if dir == "" || p == dir || strings.HasPrefix(p, below) {
-				q.forget(p)
-			}
-		}
-		for _, k := range stored[kind] {
-			q.forget(k)
-		}
-	}
+	return stored
 }
 
 // Stats are a store's numbers for `muxfs cache status`.
@@ -1490,6 +1554,13 @@ func (st *Store) Clear() error {
 		busy[p] = true
 	}
 	st.saves = newMetaSaves()
+	// A commit writing now may land after this transaction: what it stores goes
+	// with the next one.
+	for kind, q := range st.committing {
+		for p := range q.put {
+			st.saves[kind].forget(p)
+		}
+	}
 	st.mu.Unlock()
 	var paths []string
 	err := st.db.Update(func(tx *bolt.Tx) error {

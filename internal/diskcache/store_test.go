@@ -15,6 +15,7 @@ import (
 	"time"
 	"unsafe"
 
+	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
 	"github.com/muxfs/muxfs/internal/backend"
@@ -1050,5 +1051,125 @@ func TestSmallFilesStoredInline(t *testing.T) {
 	}
 	if got := readAll(t, s, "s"); !bytes.Equal(got, want) || cb.read.Load() != int64(len(want)) {
 		t.Fatal("after the eviction, not read again from the server")
+	}
+}
+
+// TestCommitInFlightKeepsQueue: while a commit is writing the database (its queue taken
+// out, the transaction not done: long under load, behind the data files' syncs), a
+// load still sees the queued changes, and a subtree forgotten meanwhile does not come
+// back when the commit lands. Loading the database's old value there answered a
+// listing forgotten by a rename through the mount (seen in the namespace test under
+// CPU load).
+func TestCommitInFlightKeepsQueue(t *testing.T) {
+	c, s, _, _ := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	st := s.Store()
+	old := []backend.Entry{{Name: "old"}}
+	st.SaveListing("a", old, time.Now())
+	st.SaveListing("b", old, time.Now())
+	st.flush()
+	st.ForgetListing("a")                  // queued: the commit below deletes it
+	st.SaveListing("d/e", old, time.Now()) // queued: the commit below puts it
+
+	tx, done := commitHeld(t, st)
+	if _, _, ok := st.LoadListing("a"); ok {
+		t.Error("a listing forgotten before the commit was loaded while it ran")
+	}
+	if _, _, ok := st.LoadListing("d/e"); !ok {
+		t.Error("a listing saved before the commit was missing while it ran")
+	}
+	st.ForgetTree("d")
+	st.ForgetListing("b")
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	st.flush()
+	for _, p := range []string{"a", "b", "d/e"} {
+		if _, _, ok := st.LoadListing(p); ok {
+			t.Errorf("listing of %s loaded after it was forgotten", p)
+		}
+	}
+}
+
+// commitHeld starts a commit of st and returns once it has taken its queue: it then
+// waits for the database's writer lock, held by the transaction returned, until that
+// is rolled back; done is closed when the commit is over.
+func commitHeld(t *testing.T, st *Store) (tx *bolt.Tx, done chan struct{}) {
+	t.Helper()
+	tx, err := st.db.Begin(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done = make(chan struct{})
+	go func() {
+		defer close(done)
+		st.flush()
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		st.mu.Lock()
+		taken := st.committing[metaDirs].len() > 0
+		st.mu.Unlock()
+		if taken {
+			return tx, done
+		}
+		if time.Now().After(deadline) {
+			tx.Rollback() //nolint:errcheck // failing anyway
+			t.Fatal("the commit never took its queue")
+		}
+	}
+}
+
+// TestClearDuringCommit: what a commit writing when the cache is cleared stores does
+// not outlive the clear, whichever transaction lands first.
+func TestClearDuringCommit(t *testing.T) {
+	c, s, _, _ := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	st := s.Store()
+	st.SaveListing("c", []backend.Entry{{Name: "old"}}, time.Now())
+	tx, done := commitHeld(t, st)
+	cleared := make(chan error)
+	go func() { cleared <- st.Clear() }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		st.mu.Lock()
+		_, queued := st.saves[metaDirs].get("c")
+		st.mu.Unlock()
+		if queued {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the clear never began")
+		}
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if err := <-cleared; err != nil {
+		t.Fatal(err)
+	}
+	st.flush()
+	if _, _, ok := st.LoadListing("c"); ok {
+		t.Error("a listing committed while the cache was cleared outlived the clear")
+	}
+}
+
+// TestRequeueUnderNewer: the changes of a commit that failed are queued again, except
+// where a newer change to the same key was queued since.
+func TestRequeueUnderNewer(t *testing.T) {
+	failed := newMetaSaves()
+	failed[metaDirs].set("a", []byte("old a"))
+	failed[metaDirs].set("b", []byte("old b"))
+	failed[metaDirs].forget("c")
+	failed[metaDirs].forget("d")
+	now := newMetaSaves()
+	now[metaDirs].forget("a")
+	now[metaDirs].set("c", []byte("new c"))
+	now.requeue(failed)
+	for p, want := range map[string]string{"a": "", "b": "old b", "c": "new c", "d": ""} {
+		v, queued := now[metaDirs].get(p)
+		if !queued || string(v) != want {
+			t.Errorf("%s: queued %v %q, want %q", p, queued, v, want)
+		}
 	}
 }
