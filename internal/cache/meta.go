@@ -512,6 +512,15 @@ type Source struct {
 	storedMu   sync.Mutex
 	storedUsed map[string]bool // stored listings already answered in this mount
 
+	// recording orders what a change made through muxfs records — its entries in
+	// memory, then its stored ones — against the two copies made between memory and
+	// the persistent cache: a stored listing loaded into memory (storedListing) and a
+	// fetched one stored (fetchListing). Changes hold it shared (they record at
+	// once), the copies exclusive. Without it, a listing loaded after a change had
+	// dropped it from memory but before it was forgotten on disk was kept in memory
+	// as if fresh, and one fetched before the change could be stored after it.
+	recording sync.RWMutex
+
 	// noCTO: a read-only open trusts attributes the source gave within the TTL
 	// instead of asking again (-o nocto; docs/design.md, "Persistent cache").
 	noCTO bool
@@ -693,17 +702,14 @@ func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, e
 				return fetched{stamp: stamp}, err
 			}
 			s.meta.putListing(s.id, p, list, now, now, stamp)
-			if s.persist != nil && s.meta.stamp(s.id, p) == stamp {
-				s.persist.SaveListing(p, list, now)
-				if s.meta.stamp(s.id, p) != stamp {
-					// A change came between the check and the save: the stamp moves
-					// before the change forgets the stored listing, which it may have
-					// done before this save. Forget it again, after the save.
-					s.persist.ForgetListing(p)
-				} else {
+			if s.persist != nil {
+				s.recording.Lock()
+				if s.meta.stamp(s.id, p) == stamp {
+					s.persist.SaveListing(p, list, now)
 					// Fetched by this mount: its stored copy is not a first use later.
 					s.markStoredUsed(p)
 				}
+				s.recording.Unlock()
 			}
 			return fetched{list, stamp}, nil
 		})
@@ -723,12 +729,13 @@ func (s *Source) storedListing(ctx context.Context, p string, now time.Time, sta
 	if s.persist == nil {
 		return nil, false
 	}
+	offline := s.offline()
+	s.recording.Lock()
 	list, at, ok := s.persist.LoadListing(p)
 	if !ok || youngOnly && now.Sub(at) >= s.meta.TTL {
+		s.recording.Unlock()
 		return nil, false
 	}
-	stamp := s.meta.stamp(s.id, p)
-	offline := s.offline()
 	// The first use in this mount counts as a fresh look, good for the TTL, as if the
 	// listing had just been fetched: a remounted tree is then warm with no request at
 	// all. Used again after that (the memory copy expired), an old listing is
@@ -736,9 +743,11 @@ func (s *Source) storedListing(ctx context.Context, p string, now time.Time, sta
 	first := s.markStoredUsed(p)
 	fresh := first || now.Sub(at) < s.meta.TTL
 	if !fresh && !staleOK && !offline {
+		s.recording.Unlock()
 		return nil, false
 	}
-	s.meta.putListing(s.id, p, list, now, at, stamp)
+	s.meta.putListing(s.id, p, list, now, at, s.meta.stamp(s.id, p))
+	s.recording.Unlock()
 	backend.NoteListingStored(ctx)
 	switch {
 	case !fresh && !offline:
@@ -806,13 +815,22 @@ func (s *Source) offlineLstat(ctx context.Context, p string) (backend.Attr, erro
 
 // Refresh drops everything cached at or below p.
 func (s *Source) Refresh(p string) {
+	defer s.record()()
 	s.meta.InvalidateTree(s.id, p)
 	if s.persist != nil {
 		s.persist.ForgetTree(p)
 	}
 }
 
+// record is held while a change made through muxfs is recorded, in memory and on
+// disk: `defer s.record()()` (see recording).
+func (s *Source) record() (done func()) {
+	s.recording.RLock()
+	return s.recording.RUnlock
+}
+
 func (s *Source) changed(paths ...string) {
+	defer s.record()()
 	for _, p := range paths {
 		s.meta.Invalidate(s.id, p)
 		s.forgetStored(p)
@@ -839,6 +857,7 @@ func (s *Source) Changed(p string) { s.changed(p) }
 // handle: its stored attributes stay, as the handle's next Stat stores them anew; its
 // directory's listing, which holds the file's old size, goes.
 func (s *Source) changedContent(p string) {
+	defer s.record()()
 	s.meta.Dirtied(s.id, p)
 	if s.persist != nil {
 		dir, _ := parentOf(p)
@@ -848,6 +867,7 @@ func (s *Source) changedContent(p string) {
 
 // changedTree is changed for a path whose whole subtree changes (rmdir, rename).
 func (s *Source) changedTree(p string) {
+	defer s.record()()
 	s.meta.InvalidateTree(s.id, p)
 	s.forgetStoredTree(p)
 }
@@ -868,7 +888,8 @@ func (s *Source) Mkdir(ctx context.Context, p string, mode uint32) (backend.Attr
 		return a, err
 	}
 	// Later lookups need no request, beside it (changedTo) nor in it: it is empty.
-	s.changedTo(p, a)
+	defer s.record()()
+	s.changedToLocked(p, a)
 	s.meta.MadeDir(s.id, p, time.Now())
 	return a, nil
 }
@@ -878,6 +899,12 @@ func (s *Source) Mkdir(ctx context.Context, p string, mode uint32) (backend.Attr
 // stays (the next name looked up there — an untar's next directory — needs no
 // request), and answer the next stat of p (the kernel's, after a SETATTR).
 func (s *Source) changedTo(p string, a backend.Attr) {
+	defer s.record()()
+	s.changedToLocked(p, a)
+}
+
+// changedToLocked is changedTo with record held.
+func (s *Source) changedToLocked(p string, a backend.Attr) {
 	s.meta.Created(s.id, p, a)
 	s.meta.putAttr(s.id, p, a, false, time.Now(), s.meta.stamp(s.id, p))
 	s.forgetStored(p)
@@ -888,6 +915,7 @@ func (s *Source) Rmdir(ctx context.Context, p string) error {
 		s.changedTree(p)
 		return err
 	}
+	defer s.record()()
 	s.meta.Removed(s.id, p, true)
 	s.forgetStoredTree(p)
 	return nil
@@ -898,6 +926,7 @@ func (s *Source) Unlink(ctx context.Context, p string) error {
 		s.changed(p)
 		return err
 	}
+	defer s.record()()
 	if a, known := s.meta.Removed(s.id, p, false); known && a.Nlink > 1 {
 		// The file's other names, here too perhaps, lost a link.
 		s.meta.Invalidate(s.id, p)
@@ -917,6 +946,7 @@ func (s *Source) Rename(ctx context.Context, from, to string) error {
 		s.changedTree(to)
 		return err
 	}
+	defer s.record()()
 	a, known := s.meta.Removed(s.id, from, true)
 	// A file replaced at the new name that has other names: they lost a link.
 	if old, had := s.meta.Removed(s.id, to, true); known && !(had && old.Nlink > 1) {
@@ -937,7 +967,8 @@ func (s *Source) Symlink(ctx context.Context, target, p string) (backend.Attr, e
 		s.changed(p)
 		return a, err
 	}
-	s.changedTo(p, a)
+	defer s.record()()
+	s.changedToLocked(p, a)
 	s.meta.putLink(s.id, p, target, time.Now(), s.meta.stamp(s.id, p))
 	return a, nil
 }
@@ -983,8 +1014,10 @@ func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (ba
 		return nil, err
 	}
 	if writing {
+		done := s.record()
 		s.meta.Created(s.id, p, f.OpenedAttr())
 		s.forgetStored(p)
+		done()
 		return &file{File: f, s: s, path: p}, nil
 	}
 	// An open is a fresh look at the file: later stats agree with it.
