@@ -513,12 +513,13 @@ type Source struct {
 	storedUsed map[string]bool // stored listings already answered in this mount
 
 	// recording orders what a change made through muxfs records — its entries in
-	// memory, then its stored ones — against the two copies made between memory and
-	// the persistent cache: a stored listing loaded into memory (storedListing) and a
-	// fetched one stored (fetchListing). Changes hold it shared (they record at
-	// once), the copies exclusive. Without it, a listing loaded after a change had
-	// dropped it from memory but before it was forgotten on disk was kept in memory
-	// as if fresh, and one fetched before the change could be stored after it.
+	// memory, then its stored ones — against the copies made between the source,
+	// memory and the persistent cache: a stored listing loaded into memory
+	// (storedListing), and a listing, attributes or a symlink target fetched and
+	// stored (store). Changes hold it shared (they record at once), the copies
+	// exclusive. Without it, a listing loaded after a change had dropped it from
+	// memory but before it was forgotten on disk was kept in memory as if fresh, and
+	// what was fetched before the change could be stored after it.
 	recording sync.RWMutex
 
 	// noCTO: a read-only open trusts attributes the source gave within the TTL
@@ -601,9 +602,7 @@ func (s *Source) Lstat(ctx context.Context, p string) (backend.Attr, error) {
 	switch {
 	case err == nil:
 		s.meta.putAttr(s.id, p, a, false, now, stamp)
-		if s.persist != nil {
-			s.persist.SaveAttr(p, a)
-		}
+		s.store(p, stamp, func() { s.persist.SaveAttr(p, a) })
 	case backend.ToErrno(err) == syscall.ENOENT:
 		s.meta.putAttr(s.id, p, backend.Attr{}, true, now, stamp)
 	}
@@ -635,9 +634,7 @@ func (s *Source) Readlink(ctx context.Context, p string) (string, error) {
 	t, err := s.Backend.Readlink(ctx, p)
 	if err == nil {
 		s.meta.putLink(s.id, p, t, now, stamp)
-		if s.persist != nil && s.meta.stamp(s.id, p) == stamp {
-			s.persist.SaveLink(p, t)
-		}
+		s.store(p, stamp, func() { s.persist.SaveLink(p, t) })
 	}
 	return t, err
 }
@@ -702,15 +699,11 @@ func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, e
 				return fetched{stamp: stamp}, err
 			}
 			s.meta.putListing(s.id, p, list, now, now, stamp)
-			if s.persist != nil {
-				s.recording.Lock()
-				if s.meta.stamp(s.id, p) == stamp {
-					s.persist.SaveListing(p, list, now)
-					// Fetched by this mount: its stored copy is not a first use later.
-					s.markStoredUsed(p)
-				}
-				s.recording.Unlock()
-			}
+			s.store(p, stamp, func() {
+				s.persist.SaveListing(p, list, now)
+				// Fetched by this mount: its stored copy is not a first use later.
+				s.markStoredUsed(p)
+			})
 			return fetched{list, stamp}, nil
 		})
 		if f := v.(fetched); f.stamp >= seen {
@@ -819,6 +812,20 @@ func (s *Source) Refresh(p string) {
 	s.meta.InvalidateTree(s.id, p)
 	if s.persist != nil {
 		s.persist.ForgetTree(p)
+	}
+}
+
+// store runs save, which keeps in the persistent cache what was asked of the source
+// about p since stamp was taken, unless p changed through the mount since then (see
+// recording).
+func (s *Source) store(p string, stamp uint64, save func()) {
+	if s.persist == nil {
+		return
+	}
+	s.recording.Lock()
+	defer s.recording.Unlock()
+	if s.meta.stamp(s.id, p) == stamp {
+		save()
 	}
 }
 
@@ -1022,9 +1029,7 @@ func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (ba
 	}
 	// An open is a fresh look at the file: later stats agree with it.
 	s.meta.putAttr(s.id, p, f.OpenedAttr(), false, time.Now(), stamp)
-	if s.persist != nil {
-		s.persist.SaveAttr(p, f.OpenedAttr())
-	}
+	s.store(p, stamp, func() { s.persist.SaveAttr(p, f.OpenedAttr()) })
 	return f, nil
 }
 

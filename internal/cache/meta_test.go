@@ -1233,6 +1233,16 @@ func (r *racingPersist) SaveListing(p string, list []backend.Entry, at time.Time
 	r.memPersist.SaveListing(p, list, at)
 }
 
+func (r *racingPersist) SaveAttr(p string, a backend.Attr) {
+	r.race(p)
+	r.memPersist.SaveAttr(p, a)
+}
+
+func (r *racingPersist) SaveLink(p, target string) {
+	r.race(p)
+	r.memPersist.SaveLink(p, target)
+}
+
 // wait waits for the change to be done.
 func (r *racingPersist) wait() {
 	if r.done != nil {
@@ -1276,6 +1286,58 @@ func TestStoredListingAfterRacingChange(t *testing.T) {
 	p.wait()
 	if list, _, ok := p.LoadListing("d"); ok && hasName(list, "x") {
 		t.Errorf("the stored listing of d still has x, removed through the mount: %v", list)
+	}
+}
+
+// TestStoredAfterRacingRemoval: attributes (of a lookup, of an open) and a symlink
+// target asked of the source before a removal through the mount are not stored after
+// the removal forgot them: an offline mount answers from them, and would show the
+// name still there.
+func TestStoredAfterRacingRemoval(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		ask  func(s *Source) error
+		kept func(p *memPersist) bool
+	}{
+		{"lstat", func(s *Source) error { _, err := s.Lstat(ctx, "x"); return err },
+			func(p *memPersist) bool { _, ok := p.LoadAttr("x"); return ok }},
+		{"open", func(s *Source) error {
+			f, err := s.Open(ctx, "x", os.O_RDONLY, 0)
+			if err == nil {
+				err = f.Close(ctx)
+			}
+			return err
+		}, func(p *memPersist) bool { _, ok := p.LoadAttr("x"); return ok }},
+		{"readlink", func(s *Source) error { _, err := s.Readlink(ctx, "x"); return err },
+			func(p *memPersist) bool { _, ok := p.LoadLink("x"); return ok }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, _, dir := newSource(t, time.Minute, nil)
+			var err error
+			if c.name == "readlink" {
+				err = os.Symlink("target", dir+"/x")
+			} else {
+				err = os.WriteFile(dir+"/x", []byte("x"), 0o644)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := &racingPersist{memPersist: newMemPersist(), dir: "x"}
+			p.change = func() {
+				if err := s.Unlink(ctx, "x"); err != nil {
+					t.Error(err)
+				}
+			}
+			s.SetPersist(p, func() bool { return false })
+			if err := c.ask(s); err != nil {
+				t.Fatal(err)
+			}
+			p.wait()
+			if c.kept(p.memPersist) {
+				t.Errorf("x, removed through the mount, is still stored after the %s", c.name)
+			}
+		})
 	}
 }
 
