@@ -58,9 +58,11 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		trunc := backend.SetAttr{Valid: backend.SetSize}
 		n.changes.Add(1)
 		n.otherNamesChanged()
+		n.viewMu.Lock()
 		for _, o := range n.writerHandles() {
 			o.applied(trunc)
 		}
+		n.viewMu.Unlock()
 		if m, ok := withoutPrivs(f.OpenedAttr().Mode); ok && dropsPrivs(ctx, trunc) {
 			privs = backend.SetAttr{Valid: backend.SetMode, Mode: m}
 			if err := f.SetAttr(ctx, privs); err != nil {
@@ -493,6 +495,8 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	h.use.Unlock()
 	if h.writable {
 		err := h.f.Close(ctx)
+		h.n.viewMu.Lock()
+		defer h.n.viewMu.Unlock()
 		// As the last flush found the file (written), or as its open did if it
 		// was never written to.
 		a := h.localAttr()

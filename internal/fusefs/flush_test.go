@@ -195,3 +195,43 @@ func TestOtherWritersDrained(t *testing.T) {
 		t.Errorf("write through a second descriptor: %q, want f1 drained", got)
 	}
 }
+
+// TestReleaseKeepsTruncation: a handle's release hands what its writes made of the file
+// to the handles still open (their views answer stats while they write); a truncation
+// through another handle meanwhile — the kernel sends RELEASE after close(2) has
+// returned, so the program has gone on — must not be undone by it (seen in the fsx
+// test under CPU load: a stat, and the truncation's own answer, gave the size from
+// before it).
+func TestReleaseKeepsTruncation(t *testing.T) {
+	_, local := localDir(t)
+	mp, _ := mountLogged(t, local)
+	p := filepath.Join(mp, "file")
+	keep, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer keep.Close()
+	big := make([]byte, 100_000)
+	for i := range 2000 {
+		other, err := os.OpenFile(p, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.WriteAt(big, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := other.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := keep.Truncate(10); err != nil {
+			t.Fatal(err)
+		}
+		st, err := keep.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Size() != 10 {
+			t.Fatalf("round %d: size %d after truncating to 10 while another handle was released", i, st.Size())
+		}
+	}
+}

@@ -42,6 +42,13 @@ type node struct {
 	// need it: the cache takes a write in before the server has it, and a change of
 	// size only once the server made it.
 	statMu sync.RWMutex
+	// viewMu orders the handles' views of the file (fileHandle.attr) between a
+	// change of size, which sets every writer's view, and a writer's release, which
+	// hands its view to those still open: a release that took its view before a
+	// truncation and handed it on after gave the others the size from before it
+	// (the kernel sends RELEASE after close(2) has returned, while the program goes
+	// on), and stats answered that size.
+	viewMu sync.Mutex
 	// paged: the kernel's page cache may hold pages of that version, read or written
 	// through a page-cached handle of this mount (openMode keeps later opens on them).
 	paged bool
@@ -345,9 +352,11 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	if err != nil {
 		return n.fsys.toErrno(err)
 	}
+	n.viewMu.Lock()
 	for _, h := range n.writerHandles() {
 		h.applied(set)
 	}
+	n.viewMu.Unlock()
 	n.otherNamesChanged()
 	return n.setattrAnswer(ctx, fh, out)
 }
