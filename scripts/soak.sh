@@ -36,6 +36,6 @@ if [ "$busy" = 1 ]; then
 fi
 # go test's own -timeout kills the test binary without its cleanups (mounts would be
 # left behind): give it room, 1.5 s per 100 operations of a seed and 10 minutes more
-# (all of them with 40 seeds of 3,000 under load: about 20 minutes of the 40 given).
+# (all of them with 40 seeds of 3,000 under load: about 13 minutes of the 40 given).
 timeout=$(( seeds * ops / 100 * 3 / 2 + 600 ))
 MUXFS_FSX_SEEDS=$seeds MUXFS_FSX_OPS=$ops go test -count=1 -timeout "${timeout}s" -run "$run" ./e2e/
