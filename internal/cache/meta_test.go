@@ -1250,8 +1250,20 @@ func (r *racingPersist) wait() {
 	}
 }
 
+// racing returns a racingPersist that makes change when dir is stored (or loaded,
+// wrapped in racingLoad); a failed change fails t.
+func racing(t *testing.T, dir string, change func() error) *racingPersist {
+	r := &racingPersist{memPersist: newMemPersist(), dir: dir}
+	r.change = func() {
+		if err := change(); err != nil {
+			t.Error(err)
+		}
+	}
+	return r
+}
+
 // racingLoad is racingPersist on a load: what it loads was read before the change.
-type racingLoad struct{ racingPersist }
+type racingLoad struct{ *racingPersist }
 
 func (r *racingLoad) LoadListing(p string) ([]backend.Entry, time.Time, bool) {
 	list, at, ok := r.memPersist.LoadListing(p)
@@ -1273,12 +1285,7 @@ func TestStoredListingAfterRacingChange(t *testing.T) {
 	if err := os.MkdirAll(dir+"/d/x", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	p := &racingPersist{memPersist: newMemPersist(), dir: "d"}
-	p.change = func() {
-		if err := s.Rmdir(ctx, "d/x"); err != nil {
-			t.Error(err)
-		}
-	}
+	p := racing(t, "d", func() error { return s.Rmdir(ctx, "d/x") })
 	s.SetPersist(p, func() bool { return false })
 	if _, err := s.ReadDir(ctx, "d"); err != nil {
 		t.Fatal(err)
@@ -1295,40 +1302,32 @@ func TestStoredListingAfterRacingChange(t *testing.T) {
 // name still there.
 func TestStoredAfterRacingRemoval(t *testing.T) {
 	ctx := context.Background()
+	file := func(p string) error { return os.WriteFile(p, []byte("x"), 0o644) }
+	attrKept := func(p *memPersist) bool { _, ok := p.LoadAttr("x"); return ok }
 	for _, c := range []struct {
 		name string
+		make func(p string) error
 		ask  func(s *Source) error
 		kept func(p *memPersist) bool
 	}{
-		{"lstat", func(s *Source) error { _, err := s.Lstat(ctx, "x"); return err },
-			func(p *memPersist) bool { _, ok := p.LoadAttr("x"); return ok }},
-		{"open", func(s *Source) error {
+		{"lstat", file, func(s *Source) error { _, err := s.Lstat(ctx, "x"); return err }, attrKept},
+		{"open", file, func(s *Source) error {
 			f, err := s.Open(ctx, "x", os.O_RDONLY, 0)
 			if err == nil {
 				err = f.Close(ctx)
 			}
 			return err
-		}, func(p *memPersist) bool { _, ok := p.LoadAttr("x"); return ok }},
-		{"readlink", func(s *Source) error { _, err := s.Readlink(ctx, "x"); return err },
+		}, attrKept},
+		{"readlink", func(p string) error { return os.Symlink("target", p) },
+			func(s *Source) error { _, err := s.Readlink(ctx, "x"); return err },
 			func(p *memPersist) bool { _, ok := p.LoadLink("x"); return ok }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s, _, dir := newSource(t, time.Minute, nil)
-			var err error
-			if c.name == "readlink" {
-				err = os.Symlink("target", dir+"/x")
-			} else {
-				err = os.WriteFile(dir+"/x", []byte("x"), 0o644)
-			}
-			if err != nil {
+			if err := c.make(dir + "/x"); err != nil {
 				t.Fatal(err)
 			}
-			p := &racingPersist{memPersist: newMemPersist(), dir: "x"}
-			p.change = func() {
-				if err := s.Unlink(ctx, "x"); err != nil {
-					t.Error(err)
-				}
-			}
+			p := racing(t, "x", func() error { return s.Unlink(ctx, "x") })
 			s.SetPersist(p, func() bool { return false })
 			if err := c.ask(s); err != nil {
 				t.Fatal(err)
@@ -1351,13 +1350,8 @@ func TestLoadedListingAfterRacingChange(t *testing.T) {
 	if err := os.MkdirAll(dir+"/d/x", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	p := &racingLoad{racingPersist{memPersist: newMemPersist(), dir: "d"}}
+	p := &racingLoad{racing(t, "d", func() error { return s.Rename(ctx, "d/x", "e") })}
 	p.memPersist.SaveListing("d", []backend.Entry{{Name: "x", Attr: backend.Attr{Mode: syscall.S_IFDIR | 0o755}}}, time.Now())
-	p.change = func() {
-		if err := s.Rename(ctx, "d/x", "e"); err != nil {
-			t.Error(err)
-		}
-	}
 	s.SetPersist(p, func() bool { return false })
 	if _, err := s.ReadDir(ctx, "d"); err != nil {
 		t.Fatal(err)
