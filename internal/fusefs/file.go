@@ -58,11 +58,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		trunc := backend.SetAttr{Valid: backend.SetSize}
 		n.changes.Add(1)
 		n.otherNamesChanged()
-		n.viewMu.Lock()
-		for _, o := range n.writerHandles() {
-			o.applied(trunc)
-		}
-		n.viewMu.Unlock()
+		n.applyToViews(trunc)
 		if m, ok := withoutPrivs(f.OpenedAttr().Mode); ok && dropsPrivs(ctx, trunc) {
 			privs = backend.SetAttr{Valid: backend.SetMode, Mode: m}
 			if err := f.SetAttr(ctx, privs); err != nil {
@@ -255,6 +251,17 @@ func (n *node) writerHandles() []*fileHandle {
 	return hs
 }
 
+// applyToViews records a change of attributes the server has made in the view of
+// every handle writing the file (see viewMu).
+func (n *node) applyToViews(set backend.SetAttr) {
+	n.viewMu.Lock()
+	defer n.viewMu.Unlock()
+	n.viewChanges++
+	for _, h := range n.writerHandles() {
+		h.applied(set)
+	}
+}
+
 // writersAttr returns the file's attributes as the handles writing it have made them,
 // or ok false when no handle is writing.
 func (n *node) writersAttr() (a backend.Attr, ok bool) {
@@ -438,21 +445,47 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 		// no round trip, as NFS closes a file with nothing dirty.
 		return 0
 	}
-	// The server's size and mtime after the writes: what a stat after close(2)
-	// must show.
-	a, err := h.statWritten(ctx)
+	a, err := h.settle(ctx)
 	if err != nil {
 		return h.n.fsys.toErrno(err)
 	}
-	h.mu.Lock()
-	h.attr = a
-	h.mu.Unlock()
 	h.n.otherNamesChanged()
 	// Here, not only at release: the kernel sends RELEASE after close(2) has
 	// returned, and an open made at once (a linker's of the object just written)
 	// would otherwise find the version from before the writes and drop the pages.
 	h.written(a)
 	return 0
+}
+
+// settle makes the server's size and mtime after the handle's writes its view of the
+// file: what a stat after close(2) must show. A change of attributes through another
+// way while the stat is on its way (a truncation through another descriptor, by
+// another thread) may have reached the server after it, and the views already have
+// it: the stat is then taken again. Changed under every stat (a truncation in a
+// loop), the handle keeps its view, whose size is right and whose mtime may be older
+// than the server's.
+func (h *fileHandle) settle(ctx context.Context) (backend.Attr, error) {
+	for range 3 {
+		h.n.viewMu.Lock()
+		seen := h.n.viewChanges
+		h.n.viewMu.Unlock()
+		a, err := h.statWritten(ctx)
+		if err != nil {
+			return a, err
+		}
+		h.n.viewMu.Lock()
+		adopted := h.n.viewChanges == seen
+		if adopted {
+			h.mu.Lock()
+			h.attr = a
+			h.mu.Unlock()
+		}
+		h.n.viewMu.Unlock()
+		if adopted {
+			return a, nil
+		}
+	}
+	return h.localAttr(), nil
 }
 
 // statWritten flushes the handle and asks the server for the file's attributes,

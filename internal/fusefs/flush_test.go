@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/muxfs/muxfs/internal/backend"
 )
@@ -233,5 +234,95 @@ func TestReleaseKeepsTruncation(t *testing.T) {
 		if st.Size() != 10 {
 			t.Fatalf("round %d: size %d after truncating to 10 while another handle was released", i, st.Size())
 		}
+	}
+}
+
+// statHeld holds each of the next held Stats of the first file it opens after the
+// server answered it and before the answer returns, until the test lets it go: a
+// writer's close between its stat and taking it as its view.
+type statHeld struct {
+	backend.Backend
+	opened  atomic.Int32
+	held    atomic.Int32
+	statted chan struct{}
+	proceed chan struct{}
+}
+
+func (b *statHeld) Open(ctx context.Context, p string, flags int, mode uint32) (backend.File, error) {
+	f, err := b.Backend.Open(ctx, p, flags, mode)
+	if err != nil {
+		return nil, err
+	}
+	return &statHeldFile{File: f, b: b, first: b.opened.Add(1) == 1}, nil
+}
+
+type statHeldFile struct {
+	backend.File
+	b     *statHeld
+	first bool
+}
+
+func (f *statHeldFile) Stat(ctx context.Context) (backend.Attr, error) {
+	a, err := f.File.Stat(ctx)
+	if f.first && f.b.held.Add(-1) >= 0 {
+		f.b.statted <- struct{}{}
+		<-f.b.proceed
+	}
+	return a, err
+}
+
+// TestCloseKeepsTruncation: close(2) of a written descriptor takes the server's size
+// after its writes as the file's (the handle's view answers stats while another
+// descriptor writes, and is handed on at release); a truncation through another
+// descriptor by another thread, made after the server answered that stat, must not be
+// undone by it — whether close's next stat goes through or meets a truncation too,
+// every time.
+func TestCloseKeepsTruncation(t *testing.T) {
+	for _, truncations := range []int{1, 3} {
+		t.Run(fmt.Sprint(truncations), func(t *testing.T) {
+			_, local := localDir(t)
+			b := &statHeld{Backend: local, statted: make(chan struct{}), proceed: make(chan struct{})}
+			mp, _ := mountLoggedWith(t, b, Options{})
+			p := filepath.Join(mp, "file")
+			writer, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			keep, err := os.OpenFile(p, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer keep.Close()
+			if _, err := writer.WriteAt(make([]byte, 100_000), 0); err != nil {
+				t.Fatal(err)
+			}
+			b.held.Store(int32(truncations))
+			closed := make(chan error, 1)
+			go func() { closed <- writer.Close() }()
+			want := int64(0)
+			for i := range truncations {
+				select {
+				case <-b.statted:
+				case <-time.After(10 * time.Second):
+					t.Fatalf("close(2) asked the server for no stat %d within 10 s", i+1)
+				}
+				want = int64(10 + i)
+				err := keep.Truncate(want)
+				b.proceed <- struct{}{}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := <-closed; err != nil {
+				t.Fatal(err)
+			}
+			st, err := keep.Stat()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Size() != want {
+				t.Errorf("size %d after truncating to %d while another descriptor was closed", st.Size(), want)
+			}
+		})
 	}
 }

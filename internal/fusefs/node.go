@@ -47,8 +47,12 @@ type node struct {
 	// hands its view to those still open: a release that took its view before a
 	// truncation and handed it on after gave the others the size from before it
 	// (the kernel sends RELEASE after close(2) has returned, while the program goes
-	// on), and stats answered that size.
-	viewMu sync.Mutex
+	// on), and stats answered that size. viewChanges counts the changes applied to
+	// the views, so that a writer's close, which makes the server's word after its
+	// writes its view, can tell whether a change came between that word and now
+	// (fileHandle.settle).
+	viewMu      sync.Mutex
+	viewChanges uint64
 	// paged: the kernel's page cache may hold pages of that version, read or written
 	// through a page-cached handle of this mount (openMode keeps later opens on them).
 	paged bool
@@ -352,11 +356,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	if err != nil {
 		return n.fsys.toErrno(err)
 	}
-	n.viewMu.Lock()
-	for _, h := range n.writerHandles() {
-		h.applied(set)
-	}
-	n.viewMu.Unlock()
+	n.applyToViews(set)
 	n.otherNamesChanged()
 	return n.setattrAnswer(ctx, fh, out)
 }
