@@ -300,6 +300,9 @@ type Store struct {
 	// commits done, for ForgetTree.
 	committing metaSaves
 	commits    uint64
+	// forgetScanned, when set (by a test), runs between ForgetTree's scan of the
+	// database and its taking of mu: where a commit can land unseen by the scan.
+	forgetScanned func()
 	// gone are paths whose data file was removed (unlink, rename, truncate) and whose
 	// record is deleted with the next commit, not one commit each (an rm -rf of a
 	// cached tree). A record whose data file is gone names nothing, and until the
@@ -1475,6 +1478,9 @@ func (st *Store) ForgetTree(dir string) {
 		commits := st.commits
 		st.mu.Unlock()
 		stored := st.storedUnder(dir)
+		if st.forgetScanned != nil {
+			st.forgetScanned()
+		}
 		st.mu.Lock()
 		if st.commits != commits {
 			// A commit landed values the scan may have missed: scan again.

@@ -1092,6 +1092,36 @@ func TestCommitInFlightKeepsQueue(t *testing.T) {
 	}
 }
 
+// TestForgetTreeAcrossCommit: a commit that lands between ForgetTree's scan of the
+// database and its look at the queues (its values are then in neither) makes it scan
+// again.
+func TestForgetTreeAcrossCommit(t *testing.T) {
+	c, s, _, _ := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	st := s.Store()
+	st.SaveListing("d/e", []backend.Entry{{Name: "old"}}, time.Now())
+	tx, done := commitHeld(t, st)
+	scans := 0
+	st.forgetScanned = func() {
+		scans++
+		if scans == 1 {
+			if err := tx.Rollback(); err != nil {
+				t.Error(err)
+			}
+			<-done
+		}
+	}
+	st.ForgetTree("d")
+	st.forgetScanned = nil
+	if scans != 2 {
+		t.Errorf("ForgetTree scanned %d times, want 2 (again after the commit)", scans)
+	}
+	st.flush()
+	if _, _, ok := st.LoadListing("d/e"); ok {
+		t.Error("a listing committed during ForgetTree's scan outlived it")
+	}
+}
+
 // commitHeld starts a commit of st and returns once it has taken its queue: it then
 // waits for the database's writer lock, held by the transaction returned, until that
 // is rolled back; done is closed when the commit is over.
