@@ -265,6 +265,12 @@ func (n *node) applyToViews(set backend.SetAttr) {
 // writersAttr returns the file's attributes as the handles writing it have made them,
 // or ok false when no handle is writing.
 func (n *node) writersAttr() (a backend.Attr, ok bool) {
+	// Under viewMu: a writer's release leaves the writers before it hands its view
+	// to the others, and a stat between the two answered the size from before its
+	// writes (seen in the fsx test under CPU load: a file read whole right after a
+	// close ended where another descriptor's last write did).
+	n.viewMu.Lock()
+	defer n.viewMu.Unlock()
 	for _, h := range n.writerHandles() {
 		ha := h.localAttr()
 		if !ok || ha.Size > a.Size {
@@ -509,6 +515,10 @@ func (h *fileHandle) written(a backend.Attr) {
 	}
 }
 
+// testHookHandOn, set by a test, runs in a writer's release between its leaving the
+// writers and its handing its view on to the others.
+var testHookHandOn func()
+
 var _ = (fs.FileFsyncer)((*fileHandle)(nil))
 
 func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
@@ -537,6 +547,9 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 		h.n.mu.Lock()
 		delete(h.n.writers, h)
 		h.n.mu.Unlock()
+		if testHookHandOn != nil {
+			testHookHandOn()
+		}
 		// The handles still writing answer the file's stats (writersAttr): what
 		// this one's writes made of it must not leave with it.
 		for _, o := range h.n.writerHandles() {

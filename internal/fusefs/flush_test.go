@@ -237,6 +237,76 @@ func TestReleaseKeepsTruncation(t *testing.T) {
 	}
 }
 
+// TestReleaseHandsOnGrowth: a writer that grew the file, closed while another
+// descriptor stays open, hands its view of the file to that descriptor at RELEASE,
+// which the kernel sends after close(2) has returned; a stat made meanwhile (the
+// program has gone on) must see the growth — before the hand-over the closed writer
+// answers it, after it the other descriptor (seen in the fsx test under CPU load: a
+// file read whole right after a close ended where the other descriptor's last write
+// did). The release is held where it has left the writers and not yet handed its view
+// on; a stat then may wait for it, but not answer the size from before the writes.
+func TestReleaseHandsOnGrowth(t *testing.T) {
+	paused, proceed := make(chan struct{}), make(chan struct{})
+	var first sync.Once // the writer's release; not the other descriptor's, at the end
+	testHookHandOn = func() {
+		first.Do(func() {
+			paused <- struct{}{}
+			<-proceed
+		})
+	}
+	t.Cleanup(func() { testHookHandOn = nil }) // after the unmount, registered before it
+	_, local := localDir(t)
+	mp, _ := mountLoggedWith(t, local, Options{})
+	p := filepath.Join(mp, "file")
+	keep, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer keep.Close()
+	writer, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 100_000
+	if _, err := writer.WriteAt(make([]byte, size), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-paused:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no release within 10 s of close(2)")
+	}
+	stat := make(chan error, 1)
+	var got int64
+	go func() {
+		st, err := keep.Stat()
+		if err == nil {
+			got = st.Size()
+		}
+		stat <- err
+	}()
+	select {
+	case err := <-stat:
+		// Answered while the release was held.
+		close(proceed)
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(200 * time.Millisecond):
+		// Waiting for the release, as it may.
+		close(proceed)
+		if err := <-stat; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got != size {
+		t.Errorf("size %d right after closing a descriptor that wrote %d bytes", got, size)
+	}
+}
+
 // statHeld holds each of the next held Stats of the first file it opens after the
 // server answered it and before the answer returns, until the test lets it go: a
 // writer's close between its stat and taking it as its view.
