@@ -396,3 +396,150 @@ func TestCloseKeepsTruncation(t *testing.T) {
 		})
 	}
 }
+
+// heldWrites opens files whose writes reach the directory only once the handle is
+// flushed, drained, synced, statted or closed: a server behind muxfs' write-behind,
+// which answers a write before the server has it.
+type heldWrites struct {
+	backend.Backend
+}
+
+func (b *heldWrites) Open(ctx context.Context, p string, flags int, mode uint32) (backend.File, error) {
+	f, err := b.Backend.Open(ctx, p, flags, mode)
+	if err != nil {
+		return nil, err
+	}
+	return &heldWritesFile{File: f}, nil
+}
+
+type heldWritesFile struct {
+	backend.File
+	mu   sync.Mutex
+	held []heldWrite
+}
+
+type heldWrite struct {
+	p   []byte
+	off int64
+}
+
+func (f *heldWritesFile) WriteAt(_ context.Context, p []byte, off int64) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.held = append(f.held, heldWrite{append([]byte(nil), p...), off})
+	return len(p), nil
+}
+
+// send writes what is held.
+func (f *heldWritesFile) send(ctx context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, w := range f.held {
+		if _, err := f.File.WriteAt(ctx, w.p, w.off); err != nil {
+			return err
+		}
+	}
+	f.held = nil
+	return nil
+}
+
+func (f *heldWritesFile) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if err := f.send(ctx); err != nil {
+		return 0, err
+	}
+	return f.File.ReadAt(ctx, p, off)
+}
+
+func (f *heldWritesFile) Flush(ctx context.Context) error {
+	if err := f.send(ctx); err != nil {
+		return err
+	}
+	return f.File.Flush(ctx)
+}
+
+func (f *heldWritesFile) Drain(ctx context.Context) {
+	f.send(ctx) //nolint:errcheck // a local write does not fail here
+	f.File.Drain(ctx)
+}
+
+func (f *heldWritesFile) Stat(ctx context.Context) (backend.Attr, error) {
+	if err := f.send(ctx); err != nil {
+		return backend.Attr{}, err
+	}
+	return f.File.Stat(ctx)
+}
+
+func (f *heldWritesFile) SetAttr(ctx context.Context, set backend.SetAttr) error {
+	if err := f.send(ctx); err != nil {
+		return err
+	}
+	return f.File.SetAttr(ctx, set)
+}
+
+func (f *heldWritesFile) Sync(ctx context.Context) error {
+	if err := f.send(ctx); err != nil {
+		return err
+	}
+	return f.File.Sync(ctx)
+}
+
+func (f *heldWritesFile) Close(ctx context.Context) error {
+	if err := f.send(ctx); err != nil {
+		f.File.Close(ctx) //nolint:errcheck // the write's error is the one to report
+		return err
+	}
+	return f.File.Close(ctx)
+}
+
+// TestLookupWhileWriting: while a file is being written, the server may not have every
+// write yet; a lookup of its name (the kernel looks a name up again once its entry
+// timed out, and each entry of a READDIRPLUS is one) must answer the size the writes
+// made, not the server's — the kernel takes that size as the file's, for the writer
+// too. Reproduced over SFTP first: 8 MiB written, then stat(2) of the path with
+// entry_timeout=0, which showed 1–8 MB, as did fstat(2) of the writer.
+func TestLookupWhileWriting(t *testing.T) {
+	root, local := localDir(t)
+	// Names looked up at every use, attributes kept as answered (a GETATTR would
+	// answer the writers' view).
+	mp, _ := mountLoggedWith(t, &heldWrites{Backend: local}, Options{AttrTimeout: time.Minute})
+	p := filepath.Join(mp, "file")
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const size = 100_000
+	if _, err := f.WriteAt(make([]byte, size), 0); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(filepath.Join(root, "file")); err != nil || st.Size() != 0 {
+		t.Fatalf("the directory shows the write before a flush (%v, %v): the test's backend does not hold it", st, err)
+	}
+	st, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() != size {
+		t.Errorf("stat of the path while writing: size %d, want %d", st.Size(), size)
+	}
+	entries, err := os.ReadDir(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		info, err := e.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Size() != size {
+			t.Errorf("the listing's entry while writing: size %d, want %d", info.Size(), size)
+		}
+	}
+	st, err = f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() != size {
+		t.Errorf("fstat of the writer after those: size %d, want %d", st.Size(), size)
+	}
+}

@@ -76,8 +76,16 @@ func (n *node) nlinkNow() uint32 {
 	return n.nlink
 }
 
-// report fills out for the kernel.
+// report fills out for the kernel with a, the file as a server showed it — or, while
+// the file is being written through the mount, as its writers have made it
+// (writersAttr): the server may not have every write yet, and the kernel takes the
+// size of a LOOKUP's answer (a path's name looked up again once its entry timed out,
+// each entry of a READDIRPLUS) as it takes a GETATTR's, shrinking the file it has
+// just grown for the writer too.
 func (n *node) report(out *fuse.Attr, a backend.Attr) {
+	if w, ok := n.writersAttr(); ok {
+		a = w
+	}
 	fillAttr(out, a, n.StableAttr().Ino, n.nlinkNow())
 }
 
