@@ -40,6 +40,78 @@ func TestRandomOpsMatchModel(t *testing.T) {
 	})
 }
 
+// TestSeenWhileWriting: while one descriptor writes a file (write-behind: each write
+// is answered before the server has it), a stat of its path, a listing of its
+// directory and a read through a new descriptor show every write made so far, with
+// names looked up at every use (entry_timeout=0: the kernel takes a lookup's size as
+// the file's) and with close-to-open off (nocto: a read-only open may trust
+// attributes it was given, here while the writes were on their way: a read right after
+// the first write of a truncated file was trusted to the server's size of 0 — in most
+// rounds with the CPUs busy, rarely on an idle machine, so the unit tests TestNoCTO
+// (cache) and TestOpenWhileWritten (fusefs) pin that fix down, and scripts/soak.sh runs
+// this test with MUXFS_FSX_SEEDS rounds).
+func TestRandomSeenWhileWriting(t *testing.T) {
+	e := newEnv(t, 1)
+	variants := []mountVariant{{"default", []string{"-o", "entry_timeout=0"}}, {"nocto", []string{"-o", "nocto,entry_timeout=0"}}}
+	eachMount(t, e, variants, func(t *testing.T, variant, mp string) {
+		p := filepath.Join(mp, "seen-"+variant)
+		r := rand.New(rand.NewPCG(1, 2))
+		for round := range envInt(t, "MUXFS_FSX_SEEDS", 16) {
+			flags := os.O_RDWR | os.O_CREATE | os.O_TRUNC
+			if round%2 == 1 {
+				flags |= os.O_APPEND
+			}
+			f, err := os.OpenFile(p, flags, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var model []byte
+			for op := range 12 {
+				b := make([]byte, 1+r.IntN(128<<10))
+				for i := range b {
+					b[i] = byte(r.Uint32())
+				}
+				if _, err := f.Write(b); err != nil {
+					t.Fatal(err)
+				}
+				model = append(model, b...)
+				where := fmt.Sprintf("round %d, write %d (%d bytes written)", round, op, len(model))
+				switch op % 3 {
+				case 1:
+					st, err := os.Stat(p)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if st.Size() != int64(len(model)) {
+						t.Errorf("%s: stat says %d bytes", where, st.Size())
+					}
+				case 2:
+					es, err := os.ReadDir(mp)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, de := range es {
+						if info, err := de.Info(); err == nil && de.Name() == filepath.Base(p) && info.Size() != int64(len(model)) {
+							t.Errorf("%s: the listing says %d bytes", where, info.Size())
+						}
+					}
+				case 0:
+					got, err := os.ReadFile(p)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if k := firstDiff(got, model); k >= 0 {
+						t.Errorf("%s: read through a new descriptor: %d bytes; %s", where, len(got), diffAt(got, model, k))
+					}
+				}
+			}
+			if err := f.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
 // mountVariant is a way of mounting: a name for its subtest, and its options.
 type mountVariant struct {
 	name string

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Soak: the random-operation tests (TestRandom*: names against a local directory, on
-# one server and on a union; one file through several descriptors against a model)
+# one server and on a union; one file through several descriptors against a model; a
+# file statted, listed and read through new descriptors while it is being written)
 # with more seeds and operations than CI runs, and with every CPU kept busy beside
 # them: requests the mount sends ahead (listings, read-ahead, write-behind, the
 # persistent cache's commits) then take longer, and races between them and the test's

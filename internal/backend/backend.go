@@ -215,6 +215,23 @@ func ToErrno(err error) syscall.Errno {
 	return syscall.EIO
 }
 
+type beingWrittenKey struct{}
+
+// WithBeingWritten returns a context for an open of a file that the mount is writing
+// through another handle: those writes are answered before the server has them, so
+// attributes a source gave for the file meanwhile (a lookup's) may predate them, and
+// an open that would trust such attributes (close-to-open off, -o nocto) must ask the
+// server instead.
+func WithBeingWritten(ctx context.Context) context.Context {
+	return context.WithValue(ctx, beingWrittenKey{}, true)
+}
+
+// BeingWritten reports whether ctx is an open's of a file being written (WithBeingWritten).
+func BeingWritten(ctx context.Context) bool {
+	w, _ := ctx.Value(beingWrittenKey{}).(bool)
+	return w
+}
+
 // ListingExpiry collects when the directory listings answered for one request stop
 // being trusted, for a cache above the sources (the kernel's, see package fusefs) that
 // must not keep a listing longer than muxfs itself would, and whether any of them came

@@ -997,7 +997,7 @@ func (s *Source) SetAttr(ctx context.Context, p string, set backend.SetAttr) (ba
 
 func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (backend.File, error) {
 	writing := flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_CREAT|syscall.O_TRUNC) != 0
-	if t, ok := s.Backend.(TrustedOpener); ok && s.noCTO && !writing {
+	if t, ok := s.Backend.(TrustedOpener); ok && s.noCTO && !writing && !backend.BeingWritten(ctx) {
 		now := time.Now()
 		s.openingUntil.Store(now.Add(openWalkLinger).UnixNano())
 		if a, ok := s.meta.recent(s.id, p, now); ok {

@@ -44,8 +44,12 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		return nil, 0, syscall.EROFS
 	}
 	// Another handle's writes may still be in flight on another session: a new
-	// opener must see them (close-to-open within the mount).
-	n.drainWriters(ctx, nil)
+	// opener must see them (close-to-open within the mount), and attributes a source
+	// gave while they were (a lookup's) may predate them — with -o nocto a read-only
+	// open would trust those and read a stale end of the file from the cache.
+	if n.drainWriters(ctx, nil) {
+		ctx = backend.WithBeingWritten(ctx)
+	}
 	f, err := b.Backend.Open(ctx, rel, fl, 0)
 	if err != nil {
 		return nil, 0, n.fsys.toErrno(err)
@@ -287,8 +291,9 @@ func (n *node) writersAttr() (a backend.Attr, ok bool) {
 // but the kernel was answered for those writes already, so a read through another
 // handle must see them and a write through another handle must land after them, as
 // on a local file. A write that failed stays its writer's to report (at its next
-// write, fsync or close), not the caller's.
-func (n *node) drainWriters(ctx context.Context, except *fileHandle) {
+// write, fsync or close), not the caller's. It reports whether there was any such
+// handle.
+func (n *node) drainWriters(ctx context.Context, except *fileHandle) (any bool) {
 	var others []*fileHandle // nil, with no allocation, for a file with one writer
 	n.mu.Lock()
 	for h := range n.writers {
@@ -300,6 +305,7 @@ func (n *node) drainWriters(ctx context.Context, except *fileHandle) {
 	for _, h := range others {
 		h.f.Drain(ctx)
 	}
+	return len(others) > 0
 }
 
 // fileHandle is an open file. Writes go out behind the caller (in a bounded window);

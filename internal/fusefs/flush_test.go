@@ -543,3 +543,65 @@ func TestLookupWhileWriting(t *testing.T) {
 		t.Errorf("fstat of the writer after those: size %d, want %d", st.Size(), size)
 	}
 }
+
+// openNoting records, for each open of the files it opens, whether the open said the
+// file was being written (backend.BeingWritten).
+type openNoting struct {
+	backend.Backend
+	mu    sync.Mutex
+	noted []bool
+}
+
+func (b *openNoting) Open(ctx context.Context, p string, flags int, mode uint32) (backend.File, error) {
+	b.mu.Lock()
+	b.noted = append(b.noted, backend.BeingWritten(ctx))
+	b.mu.Unlock()
+	return b.Backend.Open(ctx, p, flags, mode)
+}
+
+func (b *openNoting) last() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.noted[len(b.noted)-1]
+}
+
+// TestOpenWhileWritten: an open of a file that another descriptor is writing tells
+// the source so, which then asks the server rather than trust attributes it was given
+// meanwhile (-o nocto: a read through a new descriptor came back short, the server's
+// size from before the writes, over SFTP); an open of a file nobody writes does not.
+func TestOpenWhileWritten(t *testing.T) {
+	_, local := localDir(t)
+	b := &openNoting{Backend: local}
+	mp, _ := mountLogged(t, b)
+	p := filepath.Join(mp, "file")
+	if err := os.WriteFile(p, []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	readOpen := func() bool {
+		t.Helper()
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		return b.last()
+	}
+	// The kernel sends RELEASE after close(2) has returned: the writer of WriteFile
+	// may still count for a moment.
+	for deadline := time.Now().Add(5 * time.Second); readOpen(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("an open of a file nobody writes said it was being written")
+		}
+	}
+	w, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.Write([]byte("more")); err != nil {
+		t.Fatal(err)
+	}
+	if !readOpen() {
+		t.Error("an open of a file another descriptor is writing did not say so")
+	}
+}
