@@ -36,7 +36,7 @@ func TestListedDirectoryRestatted(t *testing.T) {
 			refreshed := walkDirs[:len(walkDirs)-1]
 			awaitRequests(t, reqs, "GETATTR", from, len(refreshed))
 			time.Sleep(100 * time.Millisecond) // their answers reach the kernel
-			from = logSize(t, reqs)
+			from = fsize(t, reqs)
 			for _, d := range refreshed {
 				if _, err := os.Lstat(filepath.Join(mp, d)); err != nil {
 					t.Fatal(err)
@@ -84,7 +84,7 @@ func listOnOneThread(t *testing.T, mp string, reqs *os.File, dirs []string) int6
 			t.Fatal(err)
 		}
 	}
-	from := logSize(t, reqs)
+	from := fsize(t, reqs)
 	for _, d := range dirs {
 		if _, err := os.ReadDir(filepath.Join(mp, d)); err != nil {
 			t.Fatal(err)
@@ -122,7 +122,7 @@ func TestStoredListingNotRestatted(t *testing.T) {
 	if n := requestsSince(t, reqs, "GETATTR", from); n != 0 {
 		t.Errorf("listings from the store were followed by %d GETATTR requests, want 0:\n%s", n, logSince(t, reqs, from))
 	}
-	from = logSize(t, reqs)
+	from = fsize(t, reqs)
 	if _, err := os.Lstat(filepath.Join(mp, walkDirs[0])); err != nil {
 		t.Fatal(err)
 	}

@@ -227,12 +227,8 @@ func TestReleaseKeepsTruncation(t *testing.T) {
 		if err := keep.Truncate(10); err != nil {
 			t.Fatal(err)
 		}
-		st, err := keep.Stat()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.Size() != 10 {
-			t.Fatalf("round %d: size %d after truncating to 10 while another handle was released", i, st.Size())
+		if got := fsize(t, keep); got != 10 {
+			t.Fatalf("round %d: size %d after truncating to 10 while another handle was released", i, got)
 		}
 	}
 }
@@ -386,12 +382,8 @@ func TestCloseKeepsTruncation(t *testing.T) {
 			if err := <-closed; err != nil {
 				t.Fatal(err)
 			}
-			st, err := keep.Stat()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if st.Size() != want {
-				t.Errorf("size %d after truncating to %d while another descriptor was closed", st.Size(), want)
+			if got := fsize(t, keep); got != want {
+				t.Errorf("size %d after truncating to %d while another descriptor was closed", got, want)
 			}
 		})
 	}
@@ -535,12 +527,8 @@ func TestLookupWhileWriting(t *testing.T) {
 			t.Errorf("the listing's entry while writing: size %d, want %d", info.Size(), size)
 		}
 	}
-	st, err = f.Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Size() != size {
-		t.Errorf("fstat of the writer after those: size %d, want %d", st.Size(), size)
+	if got := fsize(t, f); got != size {
+		t.Errorf("fstat of the writer after those: size %d, want %d", got, size)
 	}
 }
 

@@ -47,7 +47,7 @@ func TestSmallFilesThroughPageCache(t *testing.T) {
 	}
 	read("small.h", small) // fetched into the persistent cache and the page cache
 	read("small.h", small)
-	from := logSize(t, reqs)
+	from := fsize(t, reqs)
 	for range 3 {
 		read("small.h", small)
 	}
@@ -62,7 +62,7 @@ func TestSmallFilesThroughPageCache(t *testing.T) {
 	if n := requestsSince(t, reqs, "FLUSH", from); n != 0 {
 		t.Errorf("closing a read-only file three times sent %d FLUSH requests; want none", n)
 	}
-	from = logSize(t, reqs)
+	from = fsize(t, reqs)
 	if err := os.WriteFile(filepath.Join(mp, "written"), small, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestSmallFilesThroughPageCache(t *testing.T) {
 	// some hundred runs on a loaded machine, 3 READs), so only a whole read fails.
 	fromPages := func(name, what string) {
 		t.Helper()
-		from := logSize(t, reqs)
+		from := fsize(t, reqs)
 		read(name, large)
 		if n := requestsSince(t, reqs, "BACKING_OPEN", from); n != 0 {
 			t.Errorf("%s was handed to the kernel (passthrough), want its pages:\n%s", what, logSince(t, reqs, from))
@@ -91,7 +91,7 @@ func TestSmallFilesThroughPageCache(t *testing.T) {
 			t.Errorf("%s sent %d READ requests (the whole file), want its pages:\n%s", what, n, logSince(t, reqs, from))
 		}
 	}
-	from = logSize(t, reqs)
+	from = fsize(t, reqs)
 	read("large", large)
 	awaitRequests(t, reqs, "RELEASE", from, 1)
 	fromPages("large", "a reread of a large file this mount has just read")
@@ -121,7 +121,7 @@ func TestSmallFilesThroughPageCache(t *testing.T) {
 	// Another mount of the same cache holds no pages of it: the kernel reads the
 	// cache's file itself (passthrough).
 	mp2, reqs2 := mountLogged(t, diskcache.Wrap(local, st, true, true, up, slog.New(slog.DiscardHandler)))
-	from = logSize(t, reqs2)
+	from = fsize(t, reqs2)
 	got, err := os.ReadFile(filepath.Join(mp2, "large"))
 	if err != nil || !bytes.Equal(got, large) {
 		t.Fatalf("reading large through a new mount: %d bytes, %v", len(got), err)

@@ -90,7 +90,8 @@ func mountLoggedWith(t *testing.T, b backend.Backend, o Options) (mp string, req
 	return mp, reqs
 }
 
-func logSize(t *testing.T, f *os.File) int64 {
+// fsize is f's size as fstat(2) gives it (a request log's: where new requests start).
+func fsize(t *testing.T, f *os.File) int64 {
 	t.Helper()
 	st, err := f.Stat()
 	if err != nil {
@@ -130,7 +131,7 @@ func TestSetattrKeepsAttributes(t *testing.T) {
 		if err := change(); err != nil {
 			t.Fatal(err)
 		}
-		from := logSize(t, reqs)
+		from := fsize(t, reqs)
 		st, err := f.Stat()
 		if err != nil {
 			t.Fatal(err)
@@ -150,7 +151,7 @@ func TestSetattrKeepsAttributes(t *testing.T) {
 // muxfs clears them itself (TestSetIDBitsLikeLocal in e2e checks which).
 func TestChownAsksNoMode(t *testing.T) {
 	f, reqs := mountWithWrittenFile(t)
-	from := logSize(t, reqs)
+	from := fsize(t, reqs)
 	if err := f.Chown(os.Getuid(), os.Getgid()); err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +172,7 @@ func TestTruncatingOpenIsOneRequest(t *testing.T) {
 	if err := f.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	from := logSize(t, reqs)
+	from := fsize(t, reqs)
 	g, err := os.OpenFile(f.Name(), os.O_WRONLY|os.O_TRUNC, 0)
 	if err != nil {
 		t.Fatal(err)
