@@ -40,16 +40,16 @@ func TestRandomOpsMatchModel(t *testing.T) {
 	})
 }
 
-// TestSeenWhileWriting: while one descriptor writes a file (write-behind: each write
-// is answered before the server has it), a stat of its path, a listing of its
-// directory and a read through a new descriptor show every write made so far, with
+// TestRandomSeenWhileWriting: while one descriptor writes a file (write-behind: each
+// write is answered before the server has it), a read through a new descriptor, a
+// stat of its path and a listing of its directory show every write made so far, with
 // names looked up at every use (entry_timeout=0: the kernel takes a lookup's size as
-// the file's) and with close-to-open off (nocto: a read-only open may trust
-// attributes it was given, here while the writes were on their way: a read right after
-// the first write of a truncated file was trusted to the server's size of 0 — in most
-// rounds with the CPUs busy, rarely on an idle machine, so the unit tests TestNoCTO
-// (cache) and TestOpenWhileWritten (fusefs) pin that fix down, and scripts/soak.sh runs
-// this test with MUXFS_FSX_SEEDS rounds).
+// the file's), in the default mode and with close-to-open off. With nocto a read-only
+// open may trust attributes it was given — here while the writes were on their way:
+// a read right after the first write to a truncated file was trusted to the server's
+// size of 0, in most rounds with the CPUs busy but rarely on an idle machine; the unit
+// tests TestNoCTO (cache) and TestOpenWhileWritten (fusefs) pin that fix down, and
+// scripts/soak.sh runs this test with MUXFS_FSX_SEEDS rounds under load.
 func TestRandomSeenWhileWriting(t *testing.T) {
 	e := newEnv(t, 1)
 	variants := []mountVariant{{"default", []string{"-o", "entry_timeout=0"}}, {"nocto", []string{"-o", "nocto,entry_timeout=0"}}}
@@ -91,7 +91,14 @@ func TestRandomSeenWhileWriting(t *testing.T) {
 						t.Fatal(err)
 					}
 					for _, de := range es {
-						if info, err := de.Info(); err == nil && de.Name() == filepath.Base(p) && info.Size() != int64(len(model)) {
+						if de.Name() != filepath.Base(p) {
+							continue
+						}
+						info, err := de.Info()
+						if err != nil {
+							t.Fatal(err)
+						}
+						if info.Size() != int64(len(model)) {
 							t.Errorf("%s: the listing says %d bytes", where, info.Size())
 						}
 					}

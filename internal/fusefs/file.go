@@ -293,7 +293,7 @@ func (n *node) writersAttr() (a backend.Attr, ok bool) {
 // on a local file. A write that failed stays its writer's to report (at its next
 // write, fsync or close), not the caller's. It reports whether there was any such
 // handle.
-func (n *node) drainWriters(ctx context.Context, except *fileHandle) (any bool) {
+func (n *node) drainWriters(ctx context.Context, except *fileHandle) (found bool) {
 	var others []*fileHandle // nil, with no allocation, for a file with one writer
 	n.mu.Lock()
 	for h := range n.writers {
