@@ -242,7 +242,8 @@ func TestReleaseKeepsTruncation(t *testing.T) {
 // did). The release is held where it has left the writers and not yet handed its view
 // on; a stat then may wait for it, but not answer the size from before the writes.
 func TestReleaseHandsOnGrowth(t *testing.T) {
-	paused, proceed := make(chan struct{}), make(chan struct{})
+	// paused has room: a release that comes after the test gave up does not hang.
+	paused, proceed := make(chan struct{}, 1), make(chan struct{})
 	var first sync.Once // the writer's release; not the other descriptor's, at the end
 	testHookHandOn = func() {
 		first.Do(func() {
@@ -273,6 +274,7 @@ func TestReleaseHandsOnGrowth(t *testing.T) {
 	select {
 	case <-paused:
 	case <-time.After(10 * time.Second):
+		close(proceed)
 		t.Fatal("no release within 10 s of close(2)")
 	}
 	stat := make(chan error, 1)
