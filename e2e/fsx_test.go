@@ -67,16 +67,21 @@ func TestRandomSeenWhileWriting(t *testing.T) {
 			}
 			var model []byte
 			for op := range 12 {
-				b := make([]byte, 1+r.IntN(128<<10))
-				for i := range b {
-					b[i] = byte(r.Uint32())
-				}
+				b := fillRandom(r, make([]byte, 1+r.IntN(128<<10)))
 				if _, err := f.Write(b); err != nil {
 					t.Fatal(err)
 				}
 				model = append(model, b...)
 				where := fmt.Sprintf("round %d, write %d (%d bytes written)", round, op, len(model))
 				switch op % 3 {
+				case 0:
+					got, err := os.ReadFile(p)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if k := firstDiff(got, model); k >= 0 {
+						t.Errorf("%s: read through a new descriptor: %d bytes; %s", where, len(got), diffAt(got, model, k))
+					}
 				case 1:
 					st, err := os.Stat(p)
 					if err != nil {
@@ -102,18 +107,17 @@ func TestRandomSeenWhileWriting(t *testing.T) {
 							t.Errorf("%s: the listing says %d bytes", where, info.Size())
 						}
 					}
-				case 0:
-					got, err := os.ReadFile(p)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if k := firstDiff(got, model); k >= 0 {
-						t.Errorf("%s: read through a new descriptor: %d bytes; %s", where, len(got), diffAt(got, model, k))
-					}
 				}
 			}
 			if err := f.Close(); err != nil {
 				t.Fatal(err)
+			}
+			server, err := os.ReadFile(filepath.Join(e.data[0], filepath.Base(p)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k := firstDiff(server, model); k >= 0 {
+				t.Errorf("round %d: the server's copy: %d bytes; %s", round, len(server), diffAt(server, model, k))
 			}
 		}
 	})
@@ -280,10 +284,7 @@ func (x *fsx) length() int {
 
 func (x *fsx) write() {
 	i, f := x.fd()
-	data := make([]byte, x.length())
-	for k := range data {
-		data[k] = byte(x.r.Uint32())
-	}
+	data := fillRandom(x.r, make([]byte, x.length()))
 	if x.apps[i] {
 		x.logf("append fd %d len %d at %d", i, len(data), len(x.model))
 		if n, err := f.Write(data); err != nil || n != len(data) {

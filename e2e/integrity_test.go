@@ -25,8 +25,11 @@ func sum(t *testing.T, p string) [32]byte {
 }
 
 func randomBytes(seed uint64, n int) []byte {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	b := make([]byte, n)
+	return fillRandom(rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), make([]byte, n))
+}
+
+// fillRandom fills b from r and returns it.
+func fillRandom(r *rand.Rand, b []byte) []byte {
 	for i := range b {
 		b[i] = byte(r.Uint32())
 	}
