@@ -1,6 +1,12 @@
 package fusefs
 
-import "testing"
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
 
 func TestInodeTable(t *testing.T) {
 	tab := newInodeTable()
@@ -26,5 +32,24 @@ func TestInodeTable(t *testing.T) {
 	tab.alias(0, "moved/hardlink", dir)
 	if tab.get(0, "moved/hardlink") != dir {
 		t.Error("alias")
+	}
+}
+
+// TestRootLinkCount: the root is never looked up, so its link count is not known
+// from a listing; it must still show one, never 0 (a deleted file's count).
+func TestRootLinkCount(t *testing.T) {
+	root, local := localDir(t)
+	for _, d := range []string{"a", "b", "c"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mp, _ := mountLogged(t, local)
+	var st unix.Stat_t
+	if err := unix.Stat(mp, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Nlink != 5 {
+		t.Errorf("the root's link count is %d, want the source's 5", st.Nlink)
 	}
 }

@@ -86,7 +86,14 @@ func (n *node) report(out *fuse.Attr, a backend.Attr) {
 	if w, ok := n.writersAttr(); ok {
 		a = w
 	}
-	fillAttr(out, a, n.StableAttr().Ino, n.nlinkNow())
+	nlink := n.nlinkNow()
+	if nlink == 0 {
+		// Never looked up (the root): SFTP gives a link count only in listings, so
+		// take the source's if it has one, else 1, which find and fts read as
+		// "unknown" for a directory (sshfs shows the same), never 0 ("deleted").
+		nlink = max(a.Nlink, 1)
+	}
+	fillAttr(out, a, n.StableAttr().Ino, nlink)
 }
 
 // seeLocked records that the kernel's pages of the file are of version a; those of
