@@ -112,6 +112,74 @@ func TestReadsAndLookupsSurviveLostConnection(t *testing.T) {
 	}
 }
 
+// TestReopenSeesReplacedFile: a reader whose connection is lost after the file was
+// replaced on the server (a new file renamed over it) gets ESTALE from the reopened
+// path, never the other file's bytes; a file that only grew (a log being followed)
+// reads on, old bytes and new.
+func TestReopenSeesReplacedFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "data")
+	old := randomBytes(3<<20, 3)
+	pool := newTestPool(t, "")
+	s := newTestSource(t, 10*time.Second, dir, pool)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		change  func() []byte // the file's content after the change, made on the server
+		replace bool
+	}{
+		{"replaced", func() []byte {
+			b := randomBytes(len(old), 4)
+			os.WriteFile(path+".new", b, 0o644) //nolint:errcheck
+			if err := os.Rename(path+".new", path); err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}, true},
+		{"grown", func() []byte {
+			more := randomBytes(1<<20, 5)
+			f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.Write(more) //nolint:errcheck
+			f.Close()
+			return append(append([]byte(nil), old...), more...)
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := os.WriteFile(path, old, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			f, err := s.Open(ctx, "data", os.O_RDONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close(ctx) //nolint:errcheck
+			buf := make([]byte, 64<<10)
+			if _, err := f.ReadAt(ctx, buf, 0); err != nil {
+				t.Fatal(err)
+			}
+			now := tc.change()
+			signalSessions(t, pool, syscall.SIGKILL)
+			// Past the read-ahead's first chunks, so the read goes to the server.
+			off := int64(2 << 20)
+			n, err := f.ReadAt(ctx, buf, off)
+			switch {
+			case tc.replace && ToErrno(err) != syscall.ESTALE:
+				t.Errorf("read of a replaced file after a reconnect: %d bytes, %v; want ESTALE", n, err)
+			case !tc.replace && (err != nil || !bytes.Equal(buf[:n], now[off:off+int64(n)])):
+				t.Errorf("read of a grown file after a reconnect: %d bytes, %v", n, err)
+			case !tc.replace:
+				n, err := f.ReadAt(ctx, buf, int64(len(old)))
+				if err != nil || !bytes.Equal(buf[:n], now[len(old):len(old)+n]) {
+					t.Errorf("the grown part after a reconnect: %d bytes, %v", n, err)
+				}
+			}
+		})
+	}
+}
+
 // TestStalledServerTimesOut: a server that stops answering costs a caller at most
 // the timeout, and the next request runs on a fresh session.
 func TestStalledServerTimesOut(t *testing.T) {

@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -140,10 +141,49 @@ type sftpFile struct {
 	hmu sync.Mutex // guards cur; taken after wb.mu
 	cur handle
 
-	wb  writeBehind
-	snd sender
-	ra  readAhead
-	st  stripe
+	wb   writeBehind
+	snd  sender
+	ra   readAhead
+	st   stripe
+	seen readSample
+}
+
+// readSample is the end of the last read a read-only handle answered: after a
+// reconnect the file is opened again by path, and if the path now names another file
+// (replaced on the server meanwhile, as an editor's or rsync's save does) the sample
+// no longer matches, so the reader gets an error instead of the rest of another
+// file's bytes. A file that only grew (a log being followed) still matches.
+type readSample struct {
+	mu   sync.Mutex
+	off  int64
+	n    int
+	data [1024]byte
+}
+
+// note keeps the last bytes of p, read at off.
+func (s *readSample) note(p []byte, off int64) {
+	k := min(len(p), len(s.data))
+	s.mu.Lock()
+	s.off = off + int64(len(p)-k)
+	s.n = copy(s.data[:], p[len(p)-k:])
+	s.mu.Unlock()
+}
+
+// matches reports whether the file behind h holds the sample's bytes at its offset
+// (true if nothing was read yet).
+func (s *readSample) matches(ctx context.Context, c *sftp.Client, h string) (bool, error) {
+	s.mu.Lock()
+	off, want := s.off, append([]byte(nil), s.data[:s.n]...)
+	s.mu.Unlock()
+	if len(want) == 0 {
+		return true, nil
+	}
+	got := make([]byte, len(want))
+	n, err := c.Read(ctx, h, got, off)
+	if err != nil && err != io.EOF {
+		return false, err
+	}
+	return bytes.Equal(got[:n], want), nil
 }
 
 func (f *sftpFile) handle() handle {
@@ -177,7 +217,8 @@ func (f *sftpFile) checked(ctx context.Context) error {
 
 // reopenLocked replaces a handle lost with its session (dead): the file is opened
 // again by path on a live session — another member's if this one is down — checked to
-// be the same kind of file with the same owner, and every write it had not
+// be the same kind of file with the same owner (and, read-only, to hold the bytes it
+// last read: readSample), and every write it had not
 // acknowledged is sent again at its offset, in the order first sent (with those never
 // sent); writes in flight on a striped file's extra handles stay there. The caller
 // holds f.wb.mu.
@@ -200,7 +241,11 @@ func (f *sftpFile) reopenLocked(ctx context.Context, dead *sftp.Client) error {
 			return err
 		}
 		fa, err := c.Fstat(ctx, h)
-		if err == nil && (at.Mode&syscall.S_IFMT == syscall.S_IFLNK || fa.Mode&syscall.S_IFMT != f.lstat.Mode&syscall.S_IFMT || fa.UID != f.lstat.UID) {
+		same := err == nil && at.Mode&syscall.S_IFMT != syscall.S_IFLNK && fa.Mode&syscall.S_IFMT == f.lstat.Mode&syscall.S_IFMT && fa.UID == f.lstat.UID
+		if same && f.readOnly {
+			same, err = f.seen.matches(ctx, c, h)
+		}
+		if err == nil && !same {
 			err = fmt.Errorf("%s was replaced by another file while the connection was lost: %w", f.path, syscall.ESTALE)
 		}
 		if err != nil {

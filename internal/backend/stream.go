@@ -525,6 +525,9 @@ func (f *sftpFile) ReadAt(ctx context.Context, p []byte, off int64) (int, error)
 			err = cerr
 		}
 		if err == nil {
+			if f.readOnly && n > 0 {
+				f.seen.note(p[:n], off)
+			}
 			return n, nil
 		}
 		if !connLost(err) || attempt == maxAttempts || ctx.Err() != nil {
