@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -408,6 +410,90 @@ func TestFaultKillSSH(t *testing.T) {
 				t.Errorf("sessions run %q, not %q", s.Members[0].Transport, transport)
 			}
 		})
+	}
+}
+
+// TestFaultReopenReplacedOrGrown: after a lost connection muxfs opens a reader's file
+// again by path. If the file was replaced on the server meanwhile (a new file renamed
+// over it), the reader gets ESTALE, never the rest of another file's bytes; a log that
+// only grew is followed on by `tail -f` across the cut.
+func TestFaultReopenReplacedOrGrown(t *testing.T) {
+	e := newEnv(t, 1)
+	mp := e.mountpoint()
+	// cache_timeout: tail polls its descriptor's size, which muxfs answers from
+	// memory for that long.
+	cmd := e.mountAt(mp, e.source(0, ""), "-o", "timeout=3,cache_timeout=1")
+	const size = 32 << 20
+	old := randomData(size, 1)
+	replacing := randomData(size, 2)
+	srv := filepath.Join(e.data[0], "data")
+	if err := os.WriteFile(srv, old, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(e.data[0], "log")
+	appendLog := func(from, to int) {
+		f, err := os.OpenFile(logPath, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := from; i < to; i++ {
+			fmt.Fprintf(f, "line %d\n", i)
+		}
+		f.Close()
+	}
+	appendLog(0, 100)
+	tail := exec.Command("tail", "-c", "+1", "-f", filepath.Join(mp, "log"))
+	var out sshd.LockedBuffer
+	tail.Stdout = &out
+	if err := tail.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tail.Process.Kill(); tail.Wait() }) //nolint:errcheck
+	f, err := os.Open(filepath.Join(mp, "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	if _, err := f.ReadAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "tail shows the log", func() bool { return strings.Contains(out.String(), "line 99\n") })
+
+	if err := os.WriteFile(srv+".new", replacing, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(srv+".new", srv); err != nil {
+		t.Fatal(err)
+	}
+	appendLog(100, 200)
+	e.cutConnections(t, cmd.Process.Pid)
+	appendLog(200, 300)
+	// The kernel's pages of the first MiB are the file as read; further on, the
+	// read goes to muxfs, and to the reopened path.
+	off := int64(size / 2)
+	n, err := f.ReadAt(buf, off)
+	switch {
+	case errors.Is(err, syscall.ESTALE):
+	case err == nil && bytes.Equal(buf[:n], replacing[off:off+int64(n)]):
+		t.Errorf("the read after the reconnect returned the replacing file's bytes")
+	default:
+		t.Errorf("the read after the reconnect: %d bytes, %v; want ESTALE", n, err)
+	}
+	var want strings.Builder
+	for i := 0; i < 300; i++ {
+		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	waitUntil(t, "tail follows the log across the cut", func() bool { return out.String() == want.String() })
+}
+
+// waitUntil polls cond for up to 10 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10 s", what)
+		}
 	}
 }
 

@@ -280,7 +280,7 @@ func (s *Source) fetchWhole(e *entry, a backend.Attr) {
 			}
 			n, err := bf.ReadAt(ctx, buf[:end-off], off)
 			if n > 0 {
-				e.fill(buf[:n], off)
+				e.fill(buf[:n], off, a)
 			}
 			if err != nil || n < int(end-off) {
 				return

@@ -56,6 +56,23 @@ func (p persister) Listed(dir string, list []backend.Entry) {
 	}
 }
 
+// Lstat and ReadDir tell the store what the server answered (Store.seen).
+func (s *Source) Lstat(ctx context.Context, p string) (backend.Attr, error) {
+	a, err := s.Backend.Lstat(ctx, p)
+	if err == nil && s.data {
+		s.st.seen(p, a)
+	}
+	return a, err
+}
+
+func (s *Source) ReadDir(ctx context.Context, p string) ([]backend.Entry, error) {
+	list, err := s.Backend.ReadDir(ctx, p)
+	if err == nil && s.data {
+		s.st.seenListing(p, list)
+	}
+	return list, err
+}
+
 // Store is the source's store.
 func (s *Source) Store() *Store { return s.st }
 
@@ -206,7 +223,7 @@ func (f *file) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	}
 	n, err := f.File.ReadAt(ctx, p, off)
 	if n > 0 {
-		f.e.fill(p[:n], off)
+		f.e.fill(p[:n], off, f.File.OpenedAttr())
 		if user && f.s.noteRead(f.e, &f.reads, off, n) {
 			f.s.fetchWhole(f.e, f.File.OpenedAttr())
 		}

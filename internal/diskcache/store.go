@@ -428,7 +428,7 @@ func (st *Store) acquire(p string, a backend.Attr) *entry {
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.valid || e.rec.Size != a.Size || e.rec.Mtime != a.Mtime.UnixNano() {
+	if !e.valid || !e.isLocked(a) {
 		e.resetLocked()
 		e.rec.Size, e.rec.Mtime = a.Size, a.Mtime.UnixNano()
 		e.valid = true
@@ -614,18 +614,79 @@ func (e *entry) readAt(p []byte, off int64) (n int, ok bool) {
 	return n, true
 }
 
-// fill stores data fetched from the server at off. It goes to the data file through
-// the writer, as a write's data does (writer.go: with direct I/O): a buffered pwrite
-// in the read path cost 12–14% of muxfs' CPU samples in a cold 512 MiB read, its copy
-// into new page-cache pages (docs/design.md, "Persistent cache").
-func (e *entry) fill(p []byte, off int64) {
+// fill stores data fetched from the server at off, through a handle opened on
+// version v of the file: only into the entry of that version. Another open, or a
+// stat, that found the file changed on the server has moved the entry on to the new
+// version meanwhile, and a handle of the old one may read a file since replaced
+// (its bytes would be cached as the new version's). The data goes to the data file
+// through the writer, as a write's data does (writer.go: with direct I/O): a
+// buffered pwrite in the read path cost 12–14% of muxfs' CPU samples in a cold
+// 512 MiB read, its copy into new page-cache pages (docs/design.md, "Persistent
+// cache").
+func (e *entry) fill(p []byte, off int64, v backend.Attr) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.st.misses.Add(int64(len(p)))
-	if !e.valid || e.detached || len(p) == 0 || e.st.full() {
+	if !e.valid || e.detached || len(p) == 0 || e.st.full() || !e.isLocked(v) {
 		return
 	}
 	e.storeLocked(p, off, true)
+}
+
+// seenListing is seen for each regular file of a listing of dir; the store's lock is
+// taken once, and only entries in memory are looked at.
+func (st *Store) seenListing(dir string, list []backend.Entry) {
+	type change struct {
+		e *entry
+		a backend.Attr
+	}
+	var changed []change
+	st.mu.Lock()
+	if len(st.entries) > 0 {
+		for _, de := range list {
+			if e := st.entries[backend.Child(dir, de.Name)]; e != nil {
+				changed = append(changed, change{e, de.Attr})
+			}
+		}
+	}
+	st.mu.Unlock()
+	for _, c := range changed {
+		c.e.seenLocking(c.a)
+	}
+}
+
+// isLocked reports whether the entry is of the version with attributes a.
+func (e *entry) isLocked(a backend.Attr) bool {
+	return e.rec.Size == a.Size && e.rec.Mtime == a.Mtime.UnixNano()
+}
+
+// seen takes attributes the server has just given for p (a stat, a listing): an
+// entry of another version is moved on to this one, its data dropped, as the next
+// open would do (acquire). Readers of a file that changed on the server then read
+// its new content from the server instead of the old one (or an end of file where
+// it has grown) from the cache: the kernel, shown the new size, asks for it
+// (fusefs drops its pages of the old version). Entries being written through the
+// mount are left alone: the server's word lags their writes.
+func (st *Store) seen(p string, a backend.Attr) {
+	st.mu.Lock()
+	e := st.entries[p]
+	st.mu.Unlock()
+	if e != nil {
+		e.seenLocking(a)
+	}
+}
+
+func (e *entry) seenLocking(a backend.Attr) {
+	if a.Type() != syscall.S_IFREG {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.valid || e.mine || e.detached || e.isLocked(a) {
+		return
+	}
+	e.resetLocked()
+	e.rec.Size, e.rec.Mtime = a.Size, a.Mtime.UnixNano()
 }
 
 // storeLocked keeps p at off and reports whether it did: in memory (a small file),

@@ -489,6 +489,95 @@ func TestCachedFileReadsServerAfterDrop(t *testing.T) {
 	}
 }
 
+// TestStatMovesOpenReadersOn: a file that grew on the server while a reader held it
+// open reads on past its old end once a stat or a listing showed the new size (the
+// kernel then asks for those bytes: `tail -f` of a job's log), through a handle
+// opened on the server and through one opened from the cache alone.
+func TestStatMovesOpenReadersOn(t *testing.T) {
+	c, s, _, remote := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	ctx := context.Background()
+	path := filepath.Join(remote, "log")
+	for _, tc := range []struct {
+		name  string
+		whole bool // held whole before the open: opened from the cache
+		learn func()
+	}{
+		{"stat", false, func() { s.Lstat(ctx, "log") }},                       //nolint:errcheck
+		{"listing", false, func() { s.ReadDir(ctx, "") }},                     //nolint:errcheck
+		{"stat, opened from the cache", true, func() { s.Lstat(ctx, "log") }}, //nolint:errcheck
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			os.WriteFile(path, []byte("line 0\n"), 0o644)   //nolint:errcheck
+			os.Chtimes(path, time.Now(), time.Unix(1e9, 0)) //nolint:errcheck
+			if tc.whole {
+				readAll(t, s, "log")
+			}
+			h, err := s.Open(ctx, "log", os.O_RDONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer h.Close(ctx) //nolint:errcheck
+			if _, ok := h.(*cachedFile); ok != tc.whole {
+				t.Fatalf("opened as %T", h)
+			}
+			buf := make([]byte, 64)
+			if n, _ := h.ReadAt(ctx, buf, 0); string(buf[:n]) != "line 0\n" {
+				t.Fatalf("first read: %q", buf[:n])
+			}
+			f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+			f.WriteString("line 1\n") //nolint:errcheck
+			f.Close()
+			os.Chtimes(path, time.Now(), time.Unix(1e9+1, 0)) //nolint:errcheck
+			tc.learn()
+			if n, err := h.ReadAt(ctx, buf, 7); string(buf[:n]) != "line 1\n" {
+				t.Errorf("read past the old end after the %s: %q, %v", tc.name, buf[:n], err)
+			}
+		})
+	}
+}
+
+// TestOldHandleFillsNotTheNewVersion: a reader of a file since replaced on the server
+// reads the old file through its handle; once another open has moved the cache on to
+// the new version, those bytes must not be cached as the new version's.
+func TestOldHandleFillsNotTheNewVersion(t *testing.T) {
+	c, s, _, remote := setup(t, t.TempDir(), Options{})
+	defer c.Close()
+	ctx := context.Background()
+	path := filepath.Join(remote, "f")
+	oldData, newData := data(256<<10, 1), data(256<<10, 2)
+	os.WriteFile(path, oldData, 0o644)              //nolint:errcheck
+	os.Chtimes(path, time.Now(), time.Unix(1e9, 0)) //nolint:errcheck
+	old, err := s.Open(ctx, "f", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close(ctx)                                     //nolint:errcheck
+	os.WriteFile(path+".new", newData, 0o644)                //nolint:errcheck
+	os.Chtimes(path+".new", time.Now(), time.Unix(1e9+1, 0)) //nolint:errcheck
+	if err := os.Rename(path+".new", path); err != nil {
+		t.Fatal(err)
+	}
+	cur, err := s.Open(ctx, "f", os.O_RDONLY, 0) // moves the cache on to the new file
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64<<10)
+	if _, err := old.ReadAt(ctx, buf, 128<<10); err != nil {
+		t.Fatal(err)
+	}
+	cur.Close(ctx) //nolint:errcheck
+	again, err := s.Open(ctx, "f", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close(ctx) //nolint:errcheck
+	n, err := again.ReadAt(ctx, buf, 128<<10)
+	if err != nil || !bytes.Equal(buf[:n], newData[128<<10:128<<10+n]) {
+		t.Errorf("the range the old handle read: %d bytes, %v, not the new file's", n, err)
+	}
+}
+
 // TestFetchWholeOnRandomReads: a file read at random is fetched whole in the
 // background, after which reads no longer reach the server; a file larger than the
 // limit is not.

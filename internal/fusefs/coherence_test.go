@@ -34,3 +34,39 @@ func TestChangeSeenByStatThenOpen(t *testing.T) {
 		t.Errorf("after the server's change and a stat, the mount read %q (%v), want %q", b, err, "new content")
 	}
 }
+
+// TestGrowthSeenThroughOpenDescriptor: a reader that follows a file through one
+// descriptor (`tail -f`) while it grows on the server reads the new bytes once a
+// stat shows the new size — not the zeros the kernel's last page held past the old
+// end, which it keeps whatever size it is told unless muxfs drops it.
+func TestGrowthSeenThroughOpenDescriptor(t *testing.T) {
+	root, local := localDir(t)
+	mp, _ := mountLoggedWith(t, local, Options{EntryTimeout: time.Minute})
+	p := filepath.Join(root, "log")
+	if err := os.WriteFile(p, []byte("line 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	os.Chtimes(p, old, old) //nolint:errcheck
+	f, err := os.Open(filepath.Join(mp, "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 64)
+	if n, err := f.Read(buf); err != nil || string(buf[:n]) != "line 0\n" {
+		t.Fatalf("first read: %q, %v", buf[:n], err)
+	}
+	w, err := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.WriteString("line 1\n") //nolint:errcheck
+	w.Close()
+	if st, err := f.Stat(); err != nil || st.Size() != 14 {
+		t.Fatalf("stat after the growth: %v, %v", st, err)
+	}
+	if n, err := f.Read(buf); err != nil || string(buf[:n]) != "line 1\n" {
+		t.Errorf("read after the growth: %q, %v; want %q", buf[:n], err, "line 1\n")
+	}
+}

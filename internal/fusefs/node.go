@@ -85,6 +85,8 @@ func (n *node) nlinkNow() uint32 {
 func (n *node) report(out *fuse.Attr, a backend.Attr) {
 	if w, ok := n.writersAttr(); ok {
 		a = w
+	} else {
+		n.dropStalePages(a)
 	}
 	nlink := n.nlinkNow()
 	if nlink == 0 {
@@ -94,6 +96,27 @@ func (n *node) report(out *fuse.Attr, a backend.Attr) {
 		nlink = max(a.Nlink, 1)
 	}
 	fillAttr(out, a, n.StableAttr().Ino, nlink)
+}
+
+// dropStalePages drops the kernel's pages of the file when a, about to be reported,
+// is another version than the one they are of. The kernel applies the size of an
+// answer to the file it holds but keeps its pages (the data cache is under muxfs'
+// control): after a file grew on the server, the last page read before kept zeros
+// past the old end, and a reader that follows the file through one descriptor
+// (`tail -f` of a job's log) read those zeros as the new bytes. Notifying from a
+// GETATTR or a LOOKUP is safe: invalidating needs only the file's page locks, which
+// no request holds while it waits for muxfs; the kernel then ignores this answer's
+// attributes for the file (it changed meanwhile) and asks again when it needs them.
+func (n *node) dropStalePages(a backend.Attr) {
+	n.mu.Lock()
+	stale := n.paged && n.seenValid && !sameVersion(n.seen, a)
+	if stale {
+		n.paged = false
+	}
+	n.mu.Unlock()
+	if stale {
+		n.NotifyContent(0, 0)
+	}
 }
 
 // seeLocked records that the kernel's pages of the file are of version a; those of
