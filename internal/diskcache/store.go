@@ -428,7 +428,7 @@ func (st *Store) acquire(p string, a backend.Attr) *entry {
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.valid || !e.isLocked(a) {
+	if !e.valid || !e.sameVersionLocked(a) {
 		e.resetLocked()
 		e.rec.Size, e.rec.Mtime = a.Size, a.Mtime.UnixNano()
 		e.valid = true
@@ -627,14 +627,14 @@ func (e *entry) fill(p []byte, off int64, v backend.Attr) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.st.misses.Add(int64(len(p)))
-	if !e.valid || e.detached || len(p) == 0 || e.st.full() || !e.isLocked(v) {
+	if !e.valid || e.detached || len(p) == 0 || e.st.full() || !e.sameVersionLocked(v) {
 		return
 	}
 	e.storeLocked(p, off, true)
 }
 
-// seenListing is seen for each regular file of a listing of dir; the store's lock is
-// taken once, and only entries in memory are looked at.
+// seenListing does what seen does for each file of a listing of dir, with the store's
+// lock taken once; only entries in memory are looked at.
 func (st *Store) seenListing(dir string, list []backend.Entry) {
 	type change struct {
 		e *entry
@@ -651,12 +651,12 @@ func (st *Store) seenListing(dir string, list []backend.Entry) {
 	}
 	st.mu.Unlock()
 	for _, c := range changed {
-		c.e.seenLocking(c.a)
+		c.e.moveOn(c.a)
 	}
 }
 
-// isLocked reports whether the entry is of the version with attributes a.
-func (e *entry) isLocked(a backend.Attr) bool {
+// sameVersionLocked reports whether the entry is of the version with attributes a.
+func (e *entry) sameVersionLocked(a backend.Attr) bool {
 	return e.rec.Size == a.Size && e.rec.Mtime == a.Mtime.UnixNano()
 }
 
@@ -672,17 +672,18 @@ func (st *Store) seen(p string, a backend.Attr) {
 	e := st.entries[p]
 	st.mu.Unlock()
 	if e != nil {
-		e.seenLocking(a)
+		e.moveOn(a)
 	}
 }
 
-func (e *entry) seenLocking(a backend.Attr) {
+// moveOn moves the entry on to the version with attributes a, if it is of another.
+func (e *entry) moveOn(a backend.Attr) {
 	if a.Type() != syscall.S_IFREG {
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.valid || e.mine || e.detached || e.isLocked(a) {
+	if !e.valid || e.mine || e.detached || e.sameVersionLocked(a) {
 		return
 	}
 	e.resetLocked()
