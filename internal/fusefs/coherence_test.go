@@ -7,20 +7,29 @@ import (
 	"time"
 )
 
+// serverFileMounted mounts a local directory (the server) with attributes cached by
+// the kernel for no time, and puts in it a file named name holding content, an hour
+// old. It returns the file's path on the server and the mount point.
+func serverFileMounted(t *testing.T, name, content string) (p, mp string) {
+	t.Helper()
+	root, local := localDir(t)
+	mp, _ = mountLoggedWith(t, local, Options{EntryTimeout: time.Minute})
+	p = filepath.Join(root, name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	os.Chtimes(p, old, old) //nolint:errcheck
+	return p, mp
+}
+
 // TestChangeSeenByStatThenOpen: a file changed on the server (same size, new mtime)
 // after the mount read it is read anew at the next open (close-to-open), also when a
 // stat between has already shown the kernel its new attributes: the kernel does not
 // drop a file's pages when its attributes change (muxfs controls them, explicitly),
 // so the open must still find the change.
 func TestChangeSeenByStatThenOpen(t *testing.T) {
-	root, local := localDir(t)
-	mp, _ := mountLoggedWith(t, local, Options{EntryTimeout: time.Minute})
-	p := filepath.Join(root, "f")
-	if err := os.WriteFile(p, []byte("old content"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	old := time.Now().Add(-time.Hour)
-	os.Chtimes(p, old, old) //nolint:errcheck
+	p, mp := serverFileMounted(t, "f", "old content")
 	if b, err := os.ReadFile(filepath.Join(mp, "f")); err != nil || string(b) != "old content" {
 		t.Fatalf("first read: %q, %v", b, err)
 	}
@@ -40,14 +49,7 @@ func TestChangeSeenByStatThenOpen(t *testing.T) {
 // stat shows the new size — not the zeros the kernel's last page held past the old
 // end, which it keeps whatever size it is told unless muxfs drops it.
 func TestGrowthSeenThroughOpenDescriptor(t *testing.T) {
-	root, local := localDir(t)
-	mp, _ := mountLoggedWith(t, local, Options{EntryTimeout: time.Minute})
-	p := filepath.Join(root, "log")
-	if err := os.WriteFile(p, []byte("line 0\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	old := time.Now().Add(-time.Hour)
-	os.Chtimes(p, old, old) //nolint:errcheck
+	p, mp := serverFileMounted(t, "log", "line 0\n")
 	f, err := os.Open(filepath.Join(mp, "log"))
 	if err != nil {
 		t.Fatal(err)
