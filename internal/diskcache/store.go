@@ -644,6 +644,9 @@ func (st *Store) seenListing(dir string, list []backend.Entry) {
 	st.mu.Lock()
 	if len(st.entries) > 0 {
 		for _, de := range list {
+			if de.Attr.Type() != syscall.S_IFREG {
+				continue
+			}
 			if e := st.entries[backend.Child(dir, de.Name)]; e != nil {
 				changed = append(changed, change{e, de.Attr})
 			}

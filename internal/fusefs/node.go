@@ -104,9 +104,11 @@ func (n *node) report(out *fuse.Attr, a backend.Attr) {
 // control): after a file grew on the server, the last page read before kept zeros
 // past the old end, and a reader that follows the file through one descriptor
 // (`tail -f` of a job's log) read those zeros as the new bytes. Notifying from a
-// GETATTR or a LOOKUP is safe: invalidating needs only the file's page locks, which
-// no request holds while it waits for muxfs; the kernel then ignores this answer's
-// attributes for the file (it changed meanwhile) and asks again when it needs them.
+// GETATTR or a LOOKUP is safe: invalidating needs only the file's page locks, and
+// the only request that holds them while it waits for muxfs is a WRITE, which
+// another goroutine answers (and a file with writers is not notified here: report
+// answers their view). The kernel then ignores this answer's attributes for the file
+// (its attribute version moved) and asks again when it needs them.
 func (n *node) dropStalePages(a backend.Attr) {
 	n.mu.Lock()
 	stale := n.paged && n.seenValid && !sameVersion(n.seen, a)
