@@ -435,6 +435,7 @@ type readAhead struct {
 	window int
 	eofAt  int64 // a chunk found the end of the file here; -1 if unknown
 	turn   int   // which handle requests the next chunk, when striped
+	pace   pace  // what the chunks took: bounds the window on a narrow link
 }
 
 // raChunk is one READ of the read-ahead. Its bytes stay in the packet that carried
@@ -446,6 +447,8 @@ type raChunk struct {
 	off       int64
 	size      int
 	pr        *sftp.PendingRead
+	sent      time.Time
+	pace      *pace
 	once      sync.Once
 	data      sftp.Data
 	err       error
@@ -453,8 +456,8 @@ type raChunk struct {
 	refs      atomic.Int32
 }
 
-func newChunk(off int64, size int, pr *sftp.PendingRead) *raChunk {
-	c := &raChunk{off: off, size: size, pr: pr}
+func newChunk(off int64, size int, pr *sftp.PendingRead, sent time.Time, p *pace) *raChunk {
+	c := &raChunk{off: off, size: size, pr: pr, sent: sent, pace: p}
 	c.refs.Store(1) // the read-ahead's list
 	return c
 }
@@ -464,6 +467,9 @@ func newChunk(off int64, size int, pr *sftp.PendingRead) *raChunk {
 func (c *raChunk) wait(ctx context.Context) ([]byte, error) {
 	c.once.Do(func() {
 		c.data, c.err = c.pr.WaitData(ctx)
+		if c.err == nil {
+			c.pace.chunk(c.sent, c.data.At)
+		}
 		c.collected.Store(true)
 	})
 	return c.data.B, c.err
@@ -630,6 +636,14 @@ func (ra *readAhead) fillLocked(hs []handle) {
 	} else {
 		ra.window = min(ra.window*2, readAheadMax*len(hs))
 	}
+	// On a narrow link, no more than the link needs (pace.go).
+	var total int64
+	for _, h := range hs {
+		total += h.c.BytesIn()
+	}
+	if l := ra.pace.limit(time.Now(), total); l > 0 {
+		ra.window = min(ra.window, max(l, readAheadStart))
+	}
 	from := ra.next
 	if k := len(ra.chunks); k > 0 {
 		from = max(from, ra.chunks[k-1].off+int64(ra.chunks[k-1].size))
@@ -649,11 +663,12 @@ func (ra *readAhead) fillLocked(hs []handle) {
 		h := hs[ra.turn%len(hs)]
 		ra.turn++
 		step := h.c.MaxRead
+		sent := time.Now()
 		pr, err := h.c.StartRead(h.h, step, from)
 		if err != nil {
 			return
 		}
-		ra.chunks = append(ra.chunks, newChunk(from, step, pr))
+		ra.chunks = append(ra.chunks, newChunk(from, step, pr, sent, &ra.pace))
 		from += int64(step)
 	}
 }

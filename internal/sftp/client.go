@@ -67,8 +67,9 @@ type Client struct {
 
 type response struct {
 	typ  byte
-	data []byte // payload after the request id
-	full []byte // the whole payload buffer, for recycling
+	data []byte    // payload after the request id
+	full []byte    // the whole payload buffer, for recycling
+	at   time.Time // when its last byte was read
 }
 
 // NewClient runs the SFTP version handshake over r/w (the stdout/stdin of `ssh -s
@@ -203,7 +204,13 @@ func (c *Client) readLoop(r *bufio.Reader) {
 			c.fail(errShort)
 			return
 		}
-		c.lastActive.Store(time.Now().UnixNano())
+		now := time.Now()
+		c.lastActive.Store(now.UnixNano())
+		if typ == fxpData && len(payload) >= 8 {
+			// Counted as it arrives, not as it is collected: the read-ahead
+			// measures the link's rate by it (BytesIn).
+			c.bytesIn.Add(int64(len(payload) - 8))
+		}
 		id := binary.BigEndian.Uint32(payload)
 		c.mu.Lock()
 		ch, ok := c.pending[id]
@@ -211,7 +218,7 @@ func (c *Client) readLoop(r *bufio.Reader) {
 		c.mu.Unlock()
 		if ok {
 			// Buffered with room for one: never blocks, even when the caller gave up.
-			ch <- response{typ: typ, data: payload[4:], full: payload}
+			ch <- response{typ: typ, data: payload[4:], full: payload, at: now}
 		}
 	}
 }
@@ -531,6 +538,9 @@ type Stats struct {
 // MinRTT is the shortest round trip a request took on the session (0: none yet): the
 // link's own delay, where the smoothed RTT also counts time queued behind bulk data.
 func (c *Client) MinRTT() time.Duration { return time.Duration(c.minRTT.Load()) }
+
+// BytesIn is how many bytes of file data the session has received so far.
+func (c *Client) BytesIn() int64 { return c.bytesIn.Load() }
 
 // Stats returns the session's counters.
 func (c *Client) Stats() Stats {
@@ -852,6 +862,9 @@ func (pr *PendingRead) Wait(ctx context.Context, p []byte) (int, error) {
 type Data struct {
 	B    []byte
 	full []byte
+	// At is when the answer arrived (its last byte was read), however much later it
+	// is collected: the read-ahead measures the link by it.
+	At time.Time
 }
 
 // Release recycles the packet behind d.B; d.B must not be used after it.
@@ -887,8 +900,7 @@ func (pr *PendingRead) WaitData(ctx context.Context) (Data, error) {
 		putBuf(r.full)
 		return Data{}, fmt.Errorf("sftp read: server returned %d bytes for a %d-byte request", len(data), pr.n)
 	}
-	pr.k.c.bytesIn.Add(int64(len(data)))
-	return Data{B: data, full: r.full}, nil
+	return Data{B: data, full: r.full, At: r.at}, nil
 }
 
 // PendingWrite is a WRITE (or FSETSTAT) request in flight.
