@@ -63,6 +63,14 @@ var workloads = []workload{
 		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: cacheWorkload, skip: onlyLocalAndMuxfs("muxfs")},
 	{name: "warm", desc: "the source tree and the Lua build right after a remount with a warm persistent cache and dropped page caches (each command first run once to fill the cache); local runs each with dropped caches. muxfs' builds are timed in turn with a local build of a copy of the same sources (each first in every other repetition), the base of the build's target",
 		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: warmWorkload, skip: onlyLocalAndMuxfs("muxfs", "muxfs-nocto")},
+	{name: "narrow", desc: fmt.Sprintf("a link of %s: the SSH server's port on the loopback shaped both ways (tc htb, a byte queue of 100 ms), with or without added delay. A stat of a file in a directory not yet looked up (median of one every 200 ms): on an idle mount, while a %d MiB file is read (cat) and while one is written (dd, conv=fsync); and the transfers' rates. Cold each time (fresh mount, dropped caches)", narrowRate, narrowMiB),
+		at: func(rtt time.Duration) bool { return rtt == 0 || rtt == 20*time.Millisecond }, run: narrowWorkload,
+		skip: func(sys string, _ time.Duration) string {
+			if sys == "local" {
+				return "no link to narrow"
+			}
+			return ""
+		}},
 }
 
 // onlyLocalAndMuxfs skips every system but local and the muxfs variants named: the
