@@ -11,8 +11,8 @@ import (
 // read-ahead of 8 MiB (2 MiB of it in the network: the SSH window) made a listing of
 // a directory take 0.26 s at the median and 1.5 s at worst while a big file was read,
 // against 0.1 s with 512 KiB in flight, for the same throughput (docs/design.md,
-// "Read-ahead on a narrow link"). So a read-ahead measures the link and keeps at most paceGain times its
-// bandwidth-delay product in flight.
+// "Read-ahead on a narrow link"). So a read-ahead, and a write-behind, measure the link
+// and keep at most paceGain times its bandwidth-delay product in flight.
 //
 // Only on a narrow link: one that delivered less than paceMaxRate at best, where the
 // SSH window alone queues 50 ms or more. A fast link, however long, keeps its windows:
@@ -20,9 +20,16 @@ import (
 // chunks at once, and what it queues drains in milliseconds. The rate tells a narrow
 // link from a fast one; a chunk's latency cannot, since on a busy machine it is mostly
 // the two ends' work (at the bench's 2 ms, a 255 KiB chunk took 9 ms at best, at
-// 100 Mbit/s 20 ms).
+// 100 Mbit/s 20 ms). A server slower than that (its disk, its CPU) counts as narrow
+// too, and loses little: one sftp-server handles a session's requests one at a
+// time, and the limit never leaves fewer than two in flight; what it gives up is a
+// write striped over several sessions of such a server on a long link.
+
+// paceMaxRate is in bytes per second; a variable for tests (those of striping, whose
+// pipes to a local sftp-server run at narrow rates under the race detector).
+var paceMaxRate = 40e6
+
 const (
-	paceMaxRate = 40e6 // bytes per second
 	// paceSamples rates are kept, each over the last paceSamples readings of the bytes
 	// delivered, taken at least paceEvery apart: a rate spans 80 ms or more, several
 	// round trips of a long link whose windows arrive in bursts.
@@ -34,11 +41,13 @@ const (
 	// stat during a read took 68–75 ms with 1×, 72–75 with 1.5× and 105–120 with 2×
 	// (sshfs 67–83), the read 11.7–11.9, 11.8–11.9 and 12.0–12.1 MB/s.
 	paceGain = 1.5
+	// paceMin is the least window a limit leaves: two chunks.
+	paceMin = 512 << 10
 )
 
-// pace measures the link under a file's read-ahead: the shortest time a chunk took from
-// its request to its last byte (the link's delay plus one chunk's transfer, without
-// queueing), and the rate at which its sessions received file data.
+// pace measures the link under a file's read-ahead or write-behind: the shortest time a
+// chunk took from its request to its answer (the link's delay plus one chunk's
+// transfer, without queueing), and the rate at which the link delivered.
 type pace struct {
 	mu       sync.Mutex
 	minLat   time.Duration
@@ -47,13 +56,14 @@ type pace struct {
 	rates    [paceSamples]float64   // bytes per second over the ring, at each of the last readings
 }
 
-// delivered is a reading: by at, the sessions had received total bytes of file data.
+// delivered is a reading: by at, the link had delivered total bytes.
 type delivered struct {
 	at    time.Time
 	total int64
 }
 
-// chunk notes the latency of a chunk requested at sent whose answer arrived at at.
+// chunk notes the latency of a chunk (a READ, or a WRITE) sent at sent whose answer
+// arrived at at.
 func (p *pace) chunk(sent, at time.Time) {
 	lat := at.Sub(sent)
 	p.mu.Lock()
@@ -63,31 +73,39 @@ func (p *pace) chunk(sent, at time.Time) {
 	}
 }
 
-// limit takes a reading — by now the read-ahead's sessions have received total bytes of
-// file data — and returns the most the read-ahead should have in flight: paceGain
-// times the best rate measured lately times the shortest latency, or 0 for no limit — on a fast
-// link, or before a rate is known. The best rate, because a gap in the reader's
-// requests (the application was busy) must not shrink the window of a link that is no
-// slower. The total may jump when the sessions change (a striped file gains or loses
-// a handle): a rate that jumps up only lifts the limit, one that falls is not kept.
-func (p *pace) limit(now time.Time, total int64) int {
+// reading notes that by at the link had delivered total bytes: for a read-ahead, the
+// file data its sessions had received; for a write-behind, the bytes the server had
+// acknowledged. The total may jump when the sessions change (a striped file gains or
+// loses a handle): a rate that jumps up only lifts the limit, one that falls is not
+// kept. A reading less than paceEvery after the last is not taken.
+func (p *pace) reading(at time.Time, total int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	last := p.readings[(p.n+paceSamples-1)%paceSamples]
-	if p.n == 0 || now.Sub(last.at) >= paceEvery {
-		i := p.n % paceSamples
-		p.readings[i] = delivered{at: now, total: total}
-		p.n++
-		// The ring's oldest reading is the one after the newest.
-		first := p.readings[p.n%paceSamples]
-		if p.n < paceSamples {
-			first = p.readings[0]
-		}
-		p.rates[i] = 0
-		if span := now.Sub(first.at); span > 0 && total > first.total {
-			p.rates[i] = float64(total-first.total) / span.Seconds()
-		}
+	if p.n > 0 && at.Sub(last.at) < paceEvery {
+		return
 	}
+	i := p.n % paceSamples
+	p.readings[i] = delivered{at: at, total: total}
+	p.n++
+	// The ring's oldest reading is the one after the newest.
+	first := p.readings[p.n%paceSamples]
+	if p.n < paceSamples {
+		first = p.readings[0]
+	}
+	p.rates[i] = 0
+	if span := at.Sub(first.at); span > 0 && total > first.total {
+		p.rates[i] = float64(total-first.total) / span.Seconds()
+	}
+}
+
+// limit is the most a stream should have in flight: paceGain times the best rate
+// measured lately times the shortest latency, or 0 for no limit — on a fast link, or
+// before a rate is known. The best rate, because a gap in the application's requests
+// must not shrink the window of a link that is no slower.
+func (p *pace) limit() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	best := 0.0
 	for _, r := range p.rates[:min(p.n, paceSamples)] {
 		best = max(best, r)

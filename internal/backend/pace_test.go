@@ -3,6 +3,7 @@ package backend
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +18,7 @@ func paceAt(p *pace, t0 time.Time, total *int64, rate float64, step, d time.Dura
 	t := t0
 	for ; t.Sub(t0) < d; t = t.Add(step) {
 		*total += int64(rate * step.Seconds())
-		p.limit(t, *total)
+		p.reading(t, *total)
 	}
 	return t
 }
@@ -36,18 +37,21 @@ func TestPaceLimit(t *testing.T) {
 
 	var narrow pace
 	var total int64 = 5 << 30 // the sessions' history counts for nothing
-	if l := narrow.limit(t0, total); l != 0 {
+	narrow.reading(t0, total)
+	if l := narrow.limit(); l != 0 {
 		t.Errorf("limit %d before anything was measured", l)
 	}
 	narrow.chunk(t0, t0.Add(20*time.Millisecond))
 	narrow.chunk(t0, t0.Add(35*time.Millisecond)) // queued behind the first
 	end := paceAt(&narrow, t0, &total, 12.5e6, 5*time.Millisecond, time.Second)
-	near("100 Mbit/s, 20 ms", narrow.limit(end, total), paceGain*12.5e6*0.020)
+	near("100 Mbit/s, 20 ms", narrow.limit(), paceGain*12.5e6*0.020)
 
 	// The reader pauses for 2 s, then reads on: the link is no slower.
 	end = end.Add(2 * time.Second)
-	near("after a pause", narrow.limit(end, total+1<<20), paceGain*12.5e6*0.020)
-	near("a handle dropped", narrow.limit(end.Add(20*time.Millisecond), total-5<<20), paceGain*12.5e6*0.020)
+	narrow.reading(end, total+1<<20)
+	near("after a pause", narrow.limit(), paceGain*12.5e6*0.020)
+	narrow.reading(end.Add(20*time.Millisecond), total-5<<20)
+	near("a handle dropped", narrow.limit(), paceGain*12.5e6*0.020)
 
 	var far pace // 20 ms, 120 MB/s: a window per round trip, in bursts
 	far.chunk(t0, t0.Add(22*time.Millisecond))
@@ -57,21 +61,21 @@ func TestPaceLimit(t *testing.T) {
 		tt = paceAt(&far, tt, &total, 600e6, time.Millisecond, 4*time.Millisecond)
 		tt = paceAt(&far, tt, &total, 0, time.Millisecond, 16*time.Millisecond)
 	}
-	if l := far.limit(tt, total); l != 0 {
+	if l := far.limit(); l != 0 {
 		t.Errorf("limit %d on a fast long link", l)
 	}
 
 	var unmeasured pace // rates known, no chunk latency yet
 	total = 0
-	end = paceAt(&unmeasured, t0, &total, 12.5e6, 5*time.Millisecond, time.Second)
-	if l := unmeasured.limit(end, total); l != 0 {
+	paceAt(&unmeasured, t0, &total, 12.5e6, 5*time.Millisecond, time.Second)
+	if l := unmeasured.limit(); l != 0 {
 		t.Errorf("limit %d without a chunk's latency", l)
 	}
 }
 
 // narrowLinkEnv: the test binary, started with it set to a rate in bytes per second, is
-// an SFTP session whose answers come through a link of that rate: OpenSSH's
-// sftp-server behind a pipe that passes its output no faster.
+// an SFTP session over a link of that rate each way: OpenSSH's sftp-server behind
+// pipes that pass its input and its output no faster.
 const narrowLinkEnv = "MUXFS_TEST_NARROW_LINK"
 
 func narrowLink(rate string) {
@@ -80,24 +84,34 @@ func narrowLink(rate string) {
 		os.Exit(2)
 	}
 	srv := exec.Command(sftpServer)
-	srv.Stdin = os.Stdin
+	in, _ := srv.StdinPipe()
 	out, _ := srv.StdoutPipe()
 	if err := srv.Start(); err != nil {
 		os.Exit(1)
 	}
+	go func() {
+		throttle(in, os.Stdin, bps)
+		in.Close()
+	}()
+	throttle(os.Stdout, out, bps)
+	os.Exit(0)
+}
+
+// throttle copies src to dst at bps bytes per second at most.
+func throttle(dst io.Writer, src io.Reader, bps float64) {
 	var free time.Time // when the link has passed what it was given
 	buf := make([]byte, 16<<10)
 	for {
-		n, err := out.Read(buf)
+		n, err := src.Read(buf)
 		if n > 0 {
 			free = later(free, time.Now()).Add(time.Duration(float64(n) / bps * float64(time.Second)))
 			time.Sleep(time.Until(free))
-			if _, err := os.Stdout.Write(buf[:n]); err != nil {
-				os.Exit(0)
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
 			}
 		}
 		if err != nil {
-			os.Exit(0)
+			return
 		}
 	}
 }
@@ -109,18 +123,29 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// TestReadAheadPacedOnNarrowLink: over a 16 MB/s link, a sequential read keeps what the
-// link needs in flight, not the 8 MiB a fast link gets, and reads the file right.
-func TestReadAheadPacedOnNarrowLink(t *testing.T) {
+// narrowSource is a source over sessions through a 16 MB/s link each, serving a
+// temporary directory. Its round trips count as a slow link's, so that a file would
+// be striped but for the narrowness.
+func narrowSource(t *testing.T) (*SFTP, string) {
+	t.Helper()
+	old := stripeMinRTT
+	stripeMinRTT = time.Nanosecond
+	t.Cleanup(func() { stripeMinRTT = old })
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	want := randomBytes(8<<20, 31)
-	os.WriteFile(filepath.Join(dir, "big"), want, 0o644) //nolint:errcheck
 	pool := newTestPoolScript(t, narrowLinkEnv+"=16000000 exec "+exe)
-	s := newTestSource(t, 10*time.Second, dir, pool)
+	return newTestSource(t, 10*time.Second, dir, pool), dir
+}
+
+// TestReadAheadPacedOnNarrowLink: over a 16 MB/s link, a sequential read keeps what the
+// link needs in flight, not the 8 MiB a fast link gets, and reads the file right.
+func TestReadAheadPacedOnNarrowLink(t *testing.T) {
+	s, dir := narrowSource(t)
+	want := randomBytes(40<<20, 31)                      // big enough to be striped (stripeMinSize)
+	os.WriteFile(filepath.Join(dir, "big"), want, 0o644) //nolint:errcheck
 	ctx := context.Background()
 	f, err := s.Open(ctx, "big", os.O_RDONLY, 0)
 	if err != nil {
@@ -144,7 +169,48 @@ func TestReadAheadPacedOnNarrowLink(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Fatal("data read differs from the file")
 	}
+	if n := s.striped.Load(); n != 0 {
+		t.Errorf("%d extra handles opened on a narrow link", n)
+	}
 	if widest > 2<<20 {
 		t.Errorf("read-ahead window up to %d bytes on a 16 MB/s link in the file's second half, want at most 2 MiB", widest)
+	}
+}
+
+// TestWriteBehindPacedOnNarrowLink: over a 16 MB/s link, a sequential write keeps what
+// the link needs in flight, not the 8 MiB a fast link gets, and the file arrives
+// whole. The first 8 MiB are queued before any acknowledgement can measure the link.
+func TestWriteBehindPacedOnNarrowLink(t *testing.T) {
+	s, dir := narrowSource(t)
+	ctx := context.Background()
+	f, err := s.Open(ctx, "out", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := randomBytes(16<<20, 32)
+	most := 0
+	const piece = 128 << 10
+	for off := 0; off < len(want); off += piece {
+		if n, err := f.WriteAt(ctx, want[off:off+piece], int64(off)); err != nil || n != piece {
+			t.Fatalf("write at %d: %d, %v", off, n, err)
+		}
+		if off >= len(want)*5/8 {
+			sf := f.(*sftpFile)
+			sf.wb.mu.Lock()
+			most = max(most, sf.wb.bytes)
+			sf.wb.mu.Unlock()
+		}
+	}
+	if err := f.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "out")); !bytes.Equal(got, want) {
+		t.Fatal("the server's file differs from what was written")
+	}
+	if n := s.striped.Load(); n != 0 {
+		t.Errorf("%d extra handles opened on a narrow link", n)
+	}
+	if most > 2<<20 {
+		t.Errorf("up to %d bytes of writes in flight on a 16 MB/s link after its first 10 MiB, want at most 2 MiB", most)
 	}
 }

@@ -56,6 +56,11 @@ type writeBehind struct {
 	onExtra int
 	others  int
 	turn    int
+
+	// pace measures the link by the writes' acknowledgements (acked bytes so far),
+	// to bound the window on a narrow link as a read-ahead's (pace.go).
+	pace  pace
+	acked int64
 }
 
 // holdFor bounds how long a small write waits for followers (see writeBehind.held).
@@ -71,6 +76,7 @@ type pendingWrite struct {
 	job      *sendJob // handed to the file's sender, not yet collected: w and startErr come from it (started)
 	inOrder  bool     // a write continuing the file's run of writes in order (see writeBehind.run)
 	extra    bool     // sent on an extra handle of a striped file, not the file's own
+	queued   time.Time
 }
 
 // other tells whether pw is anything but a write in order: such a request must not be
@@ -214,6 +220,19 @@ func (pw *pendingWrite) started() {
 	}
 }
 
+// answered tells, without waiting, whether pw was sent and its answer is in.
+func (pw *pendingWrite) answered() bool {
+	if j := pw.job; j != nil {
+		select {
+		case <-j.done:
+			pw.started()
+		default:
+			return false
+		}
+	}
+	return pw.startErr == nil && pw.w != nil && pw.w.Ready()
+}
+
 // sendLocked sends a copy of data at off — or holds it for the writes that follow
 // (see writeBehind.held) — and waits for the oldest writes while the window is full.
 // A lost connection is dealt with when the write is waited for.
@@ -349,6 +368,7 @@ func (f *sftpFile) queueLocked(ctx context.Context, pw pendingWrite) error {
 	if wb.held.Load() {
 		f.sendHeldLocked()
 	}
+	pw.queued = time.Now()
 	wb.pending = append(wb.pending, pw)
 	last := &wb.pending[len(wb.pending)-1]
 	wb.countLocked(last, 1)
@@ -367,11 +387,26 @@ func (f *sftpFile) queueLocked(ctx context.Context, pw pendingWrite) error {
 // first failure on record.
 func (f *sftpFile) windowLocked(ctx context.Context) error {
 	wb := &f.wb
-	window := writeWindow * f.handles() // per handle, as the read-ahead's
-	for wb.bytes > window || len(wb.pending) > maxQueued {
+	// What is answered already is collected now: on a narrow link its
+	// acknowledgements measure the link before the first window is full.
+	for len(wb.pending) > 1 && wb.pending[0].answered() {
+		f.waitOldestLocked(ctx)
+	}
+	for wb.bytes > f.writeWindowLocked() || len(wb.pending) > maxQueued {
 		f.waitOldestLocked(ctx)
 	}
 	return wb.err
+}
+
+// writeWindowLocked is how many bytes of writes may be in flight: writeWindow per
+// handle, as the read-ahead's, and on a narrow link no more than the link needs
+// (pace.go), measured by the acknowledgements collected so far.
+func (f *sftpFile) writeWindowLocked() int {
+	window := writeWindow * f.handles()
+	if l := f.wb.pace.limit(); l > 0 {
+		window = min(window, max(l, paceMin))
+	}
+	return window
 }
 
 // waitOldestLocked collects the oldest write's acknowledgement. If its session was
@@ -397,6 +432,12 @@ func (f *sftpFile) waitOldestLocked(ctx context.Context) {
 		if err = f.reopenLocked(ctx, pw.c); err != nil {
 			break
 		}
+	}
+	if pw := &wb.pending[0]; err == nil && pw.set == nil {
+		at := pw.w.Answered()
+		wb.acked += int64(len(pw.data))
+		wb.pace.chunk(pw.queued, at)
+		wb.pace.reading(at, wb.acked)
 	}
 	wb.countLocked(&wb.pending[0], -1)
 	bufpool.Release(wb.pending[0].data)
@@ -641,8 +682,9 @@ func (ra *readAhead) fillLocked(hs []handle) {
 	for _, h := range hs {
 		total += h.c.BytesIn()
 	}
-	if l := ra.pace.limit(time.Now(), total); l > 0 {
-		ra.window = min(ra.window, max(l, readAheadStart))
+	ra.pace.reading(time.Now(), total)
+	if l := ra.pace.limit(); l > 0 {
+		ra.window = min(ra.window, max(l, paceMin))
 	}
 	from := ra.next
 	if k := len(ra.chunks); k > 0 {

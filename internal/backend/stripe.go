@@ -233,7 +233,9 @@ func (f *sftpFile) noteWriteLocked(ctx context.Context, off int64, n int) (inOrd
 	}
 	wb.nextOff = off + int64(n)
 	wb.run += int64(n)
-	if inOrder && wb.run >= stripeWriteAfter {
+	// A link the write-behind finds narrow (pace.go) gains nothing from more
+	// windows, and each extra session's handshake would queue behind the writes.
+	if inOrder && wb.run >= stripeWriteAfter && wb.pace.limit() == 0 {
 		f.stripeWritesLocked(ctx)
 	}
 	return inOrder

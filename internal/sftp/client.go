@@ -907,6 +907,7 @@ func (pr *PendingRead) WaitData(ctx context.Context) (Data, error) {
 type PendingWrite struct {
 	k  *call
 	op string
+	at time.Time // when its answer arrived, once Wait has it
 }
 
 // StartWrite sends a WRITE of p (at most MaxWrite bytes) at off without waiting.
@@ -943,8 +944,17 @@ func (pw *PendingWrite) Wait(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	pw.at = r.at
 	return status(r, pw.op, "")
 }
+
+// Ready tells, without waiting, whether the answer has arrived (and Wait has not
+// collected it yet).
+func (pw *PendingWrite) Ready() bool { return len(pw.k.ch) > 0 }
+
+// Answered is when the answer arrived (however much later Wait collected it): the
+// write-behind measures the link by it. Zero before Wait returned.
+func (pw *PendingWrite) Answered() time.Time { return pw.at }
 
 // Opendir opens a directory for reading.
 func (c *Client) Opendir(ctx context.Context, path string) (string, error) {
