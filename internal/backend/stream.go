@@ -15,7 +15,8 @@ import (
 // Sizes of the windows that keep a stream's requests in flight. One SSH channel carries
 // about 2 MiB at a time, so a few MiB per file keep the link busy without letting one
 // file hog a session; the write window is bounded because an unbounded one overloads
-// OpenSSH's sftp-server (design.md: 750 IOPS with sshfs' unbounded writes).
+// OpenSSH's sftp-server (design.md: 750 IOPS with sshfs' unbounded writes). On a
+// narrow link both are smaller: what the link needs (pace.go).
 const (
 	readAheadStart = 512 << 10
 	readAheadMax   = 8 << 20
