@@ -65,6 +65,9 @@ type delivered struct {
 // chunk notes the latency of a chunk (a READ, or a WRITE) sent at sent whose answer
 // arrived at at.
 func (p *pace) chunk(sent, at time.Time) {
+	if sent.IsZero() || at.IsZero() {
+		return
+	}
 	lat := at.Sub(sent)
 	p.mu.Lock()
 	defer p.mu.Unlock()

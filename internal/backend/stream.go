@@ -73,11 +73,11 @@ type pendingWrite struct {
 	set      *sftp.Attrs  // an FSETSTAT queued among the writes instead of a WRITE
 	c        *sftp.Client // the session it was last sent on
 	w        *sftp.PendingWrite
-	startErr error    // why sending failed, if it did
-	job      *sendJob // handed to the file's sender, not yet collected: w and startErr come from it (started)
-	inOrder  bool     // a write continuing the file's run of writes in order (see writeBehind.run)
-	extra    bool     // sent on an extra handle of a striped file, not the file's own
-	queued   time.Time
+	startErr error     // why sending failed, if it did
+	job      *sendJob  // handed to the file's sender, not yet collected: w and startErr come from it (started)
+	inOrder  bool      // a write continuing the file's run of writes in order (see writeBehind.run)
+	extra    bool      // sent on an extra handle of a striped file, not the file's own
+	queued   time.Time // when the writer handed it over: its latency runs from here to its answer
 }
 
 // other tells whether pw is anything but a write in order: such a request must not be
@@ -271,6 +271,7 @@ func (f *sftpFile) sendLocked(ctx context.Context, data []byte, off int64, inOrd
 // holdLocked queues pw unsent, as the held request (see writeBehind.held).
 func (f *sftpFile) holdLocked(ctx context.Context, pw pendingWrite) error {
 	wb := &f.wb
+	pw.queued = time.Now()
 	wb.pending = append(wb.pending, pw)
 	wb.countLocked(&pw, 1)
 	wb.held.Store(true)
@@ -390,7 +391,7 @@ func (f *sftpFile) windowLocked(ctx context.Context) error {
 	wb := &f.wb
 	// What is answered already is collected now: on a narrow link its
 	// acknowledgements measure the link before the first window is full.
-	for len(wb.pending) > 1 && wb.pending[0].answered() {
+	for len(wb.pending) > 0 && wb.pending[0].answered() {
 		f.waitOldestLocked(ctx)
 	}
 	for wb.bytes > f.writeWindowLocked() || len(wb.pending) > maxQueued {
