@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 )
 
@@ -98,19 +97,16 @@ func statWhile(mp string, files []string, done <-chan struct{}) (time.Duration, 
 // during runs script (the transfer) and stats files meanwhile; it returns the
 // transfer's time and the median stat.
 func during(script, mp string, files []string) (time.Duration, time.Duration, error) {
-	done := make(chan struct{})
+	done := make(chan struct{}) // closed when the transfer has ended, took and err set
 	var took time.Duration
 	var err error
-	var wg sync.WaitGroup
-	wg.Add(1)
 	go func() {
-		defer wg.Done()
 		defer close(done)
 		took, _, err = sh(script)
 	}()
 	time.Sleep(narrowEvery) // the transfer under way
 	stat, serr := statWhile(mp, files, done)
-	wg.Wait()
+	<-done // statWhile may stop first (its files ran out): the transfer is still timed
 	if err != nil {
 		return 0, 0, err
 	}

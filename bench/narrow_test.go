@@ -51,3 +51,17 @@ func TestStatWhileStopsWithTheTransfer(t *testing.T) {
 		t.Error("a stat that failed gave no error")
 	}
 }
+
+// TestDuringTimesTheWholeTransfer: the stats may run out before the transfer ends; the
+// transfer is still waited for and timed whole.
+func TestDuringTimesTheWholeTransfer(t *testing.T) {
+	root := t.TempDir()
+	os.WriteFile(filepath.Join(root, "1"), nil, 0o644) //nolint:errcheck
+	took, stat, err := during("sleep 1", root, []string{"1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took < time.Second || stat <= 0 {
+		t.Errorf("transfer timed %v, median stat %v: want the whole second and a stat", took, stat)
+	}
+}
