@@ -962,58 +962,80 @@ func (c *Client) Opendir(ctx context.Context, path string) (string, error) {
 	return c.expectHandle(ctx, "opendir", b, id, path)
 }
 
+// READDIRs in flight on one handle while listing, as sshfs does: two at first (most
+// directories fit in one reply, and the second request's EOF then arrives with it
+// instead of a round trip later), one more after each full reply, up to readdirMax.
+// OpenSSH's server sends 100 entries a reply: two at a time, a directory of 100,000
+// entries took 500 round trips (14 s at 20 ms, where sshfs took 1.4).
+const (
+	readdirStart = 2
+	readdirMax   = 32
+)
+
 // ReadDir lists a whole directory, with the attributes the server sends for each entry.
-// The opendir/readdir/close sequence is pipelined: the CLOSE is sent without waiting.
+// The opendir/readdir/close sequence is pipelined: the CLOSE is sent without waiting,
+// and READDIRs keep going out ahead of the answers (readdirStart, readdirMax). The
+// server answers requests on one handle in order, so the answers come in the order of
+// the directory.
 func (c *Client) ReadDir(ctx context.Context, path string) ([]NameEntry, error) {
 	h, err := c.Opendir(ctx, path)
 	if err != nil {
 		return nil, err
 	}
-	// READDIRs go out two at a time: most directories fit in one reply, and the
-	// second request's EOF then arrives with it instead of a round trip later. The
-	// server answers requests on one handle in order.
-	var all []NameEntry
-	eof := false
-	for !eof {
-		var calls []*call
-		for i := 0; i < 2; i++ {
+	var (
+		all      []NameEntry
+		inFlight []*call
+		window   = readdirStart
+		eof      bool
+		firstErr error
+	)
+	for !eof && firstErr == nil {
+		for len(inFlight) < window {
 			b, id := c.pathRequest(fxpReaddir, h)
 			k, err := c.start(b, id)
 			if err != nil {
-				return nil, err
+				firstErr = err
+				break
 			}
-			calls = append(calls, k)
+			inFlight = append(inFlight, k)
 		}
-		var firstErr error
-		for _, k := range calls {
-			r, err := k.wait(ctx)
-			if err == nil && r.typ != fxpName {
-				err = status(r, "readdir", path)
-			}
-			if IsStatus(err, StatusEOF) {
-				eof = true
-				continue
-			}
-			if err != nil {
-				if firstErr == nil {
-					firstErr = err
-				}
-				continue
-			}
+		if len(inFlight) == 0 {
+			break
+		}
+		k := inFlight[0]
+		inFlight = inFlight[1:]
+		r, err := k.wait(ctx)
+		if err == nil && r.typ != fxpName {
+			err = status(r, "readdir", path)
+		}
+		switch {
+		case IsStatus(err, StatusEOF):
+			eof = true
+		case err != nil:
+			firstErr = err
+		default:
 			batch, err := parseNames(r.data)
-			if err != nil && firstErr == nil {
+			putBuf(r.full)
+			if err != nil {
 				firstErr = fmt.Errorf("sftp readdir %s: %w", path, err)
+				break
 			}
-			if !eof {
-				all = append(all, batch...)
-			}
-		}
-		if firstErr != nil {
-			c.CloseAsync(h)
-			return nil, firstErr
+			all = append(all, batch...)
+			window = min(window+1, readdirMax)
 		}
 	}
+	// The requests sent past the end are answered with EOF, before the CLOSE.
+	if len(inFlight) > 0 {
+		go func() {
+			for _, k := range inFlight {
+				k.discard()
+			}
+		}()
+	}
 	c.CloseAsync(h)
+	if firstErr != nil {
+		return nil, firstErr
+	}
 	return all, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -639,5 +640,141 @@ func TestWritevKeepsOrder(t *testing.T) {
 	want = want[:2*c.MaxWrite+500+c.MaxWrite]
 	if !bytes.Equal(got, want) {
 		t.Fatalf("file differs from the writes in order (%d bytes, want %d)", len(got), len(want))
+	}
+}
+
+// TestReadDirKeepsRequestsInFlight: a big directory is listed with READDIRs going out
+// ahead of the answers, up to readdirMax at once, not two at a time (one round trip
+// per 200 entries); every entry comes once, in the server's order. The fake server
+// answers only once the client has stopped sending, so what it holds then is what
+// the client had in flight.
+func TestReadDirKeepsRequestsInFlight(t *testing.T) {
+	const entries, perReply = 10000, 100
+	cr, sw := io.Pipe()
+	sr, cw := io.Pipe()
+	type request struct {
+		typ byte
+		id  uint32
+	}
+	requests := make(chan request, 64)
+	go func() {
+		defer close(requests)
+		io.ReadFull(sr, make([]byte, 9)) //nolint:errcheck // init
+		for {
+			var l [4]byte
+			if _, err := io.ReadFull(sr, l[:]); err != nil {
+				return
+			}
+			body := make([]byte, binary.BigEndian.Uint32(l[:]))
+			if _, err := io.ReadFull(sr, body); err != nil {
+				return
+			}
+			requests <- request{body[0], binary.BigEndian.Uint32(body[1:5])}
+		}
+	}()
+	peak := make(chan int, 1)
+	go func() {
+		v := newPacket(fxpVersion, 3)
+		sw.Write(v.finish()) //nolint:errcheck
+		next, most := 0, 0
+		var held []uint32
+		answer := func() {
+			most = max(most, len(held))
+			for _, id := range held {
+				if next >= entries {
+					b := newPacket(fxpStatus, id)
+					b.u32(StatusEOF)
+					b.str("")
+					b.str("")
+					sw.Write(b.finish()) //nolint:errcheck
+					continue
+				}
+				b := newPacket(fxpName, id)
+				b.u32(perReply)
+				for i := 0; i < perReply; i++ {
+					name := fmt.Sprintf("f%05d", next)
+					next++
+					b.str(name)
+					b.str(name)
+					b.attrs(&Attrs{Flags: AttrSize, Size: uint64(next)})
+				}
+				sw.Write(b.finish()) //nolint:errcheck
+			}
+			held = held[:0]
+		}
+		for {
+			select {
+			case r, ok := <-requests:
+				if !ok {
+					peak <- most
+					return
+				}
+				switch r.typ {
+				case fxpOpendir:
+					b := newPacket(fxpHandle, r.id)
+					b.str("h")
+					sw.Write(b.finish()) //nolint:errcheck
+				case fxpReaddir:
+					held = append(held, r.id)
+				}
+			case <-time.After(20 * time.Millisecond):
+				answer()
+			}
+		}
+	}()
+	c, err := NewClient(context.Background(), cr, cw, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	list, err := c.ReadDir(ctx, "/big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != entries {
+		t.Fatalf("listed %d entries, want %d", len(list), entries)
+	}
+	for i, e := range list {
+		if want := fmt.Sprintf("f%05d", i); e.Name != want || e.Attrs.Size != uint64(i+1) {
+			t.Fatalf("entry %d is %q (size %d), want %q", i, e.Name, e.Attrs.Size, want)
+		}
+	}
+	c.Close()
+	sr.Close()
+	sw.Close()
+	if most := <-peak; most < readdirMax/2 {
+		t.Errorf("at most %d READDIRs were in flight at once, want up to %d", most, readdirMax)
+	}
+}
+
+// TestReadDirBigAgainstOpenSSH: OpenSSH's server, READDIRs kept in flight on one
+// handle, a directory of 25 answers' worth: every name once.
+func TestReadDirBigAgainstOpenSSH(t *testing.T) {
+	c, dir := serve(t)
+	const files = 2500
+	want := map[string]bool{}
+	for i := range files {
+		name := fmt.Sprintf("file-%04d", i)
+		want[name] = true
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := c.ReadDir(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range list {
+		if e.Name == "." || e.Name == ".." {
+			continue
+		}
+		if !want[e.Name] {
+			t.Fatalf("%q listed twice or never made", e.Name)
+		}
+		delete(want, e.Name)
+	}
+	if len(want) > 0 {
+		t.Errorf("%d names not listed", len(want))
 	}
 }
