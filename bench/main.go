@@ -43,7 +43,7 @@ type bench struct {
 func main() {
 	var (
 		sysList  = flag.String("systems", "local,sshfs,sshfs-tuned,rclone,rclone-full,mergerfs,mergerfs-tuned,muxfs,muxfs-nocto,muxfs-ssh", "systems to measure")
-		wlList   = flag.String("workloads", "seq,rand,tree,union,bonnie,untar,build,narrow", "workloads to run")
+		wlList   = flag.String("workloads", "seq,rand,tree,union,bonnie,untar,build,narrow,bigdir", "workloads to run")
 		rttList  = flag.String("rtt", "0,2,20", "added round-trip times in ms")
 		reps     = flag.Int("reps", 3, "repetitions of each measurement (median reported)")
 		seqMiB   = flag.Int("seq-mib", 128, "size of the sequential I/O file in MiB")
@@ -306,7 +306,7 @@ func inTurn(systems []system, reps int, run func(sys system, rep int) bool, afte
 func (b *bench) measure(w workload, sys system, rtt time.Duration, rep int) bool {
 	dir := filepath.Join(b.data, sys.name)
 	switch w.name {
-	case "tree", "warm", "narrow":
+	case "tree", "warm", "narrow", "bigdir":
 		dir = filepath.Join(b.data, "shared")
 	case "union":
 		dir = filepath.Join(b.data, "shared", "union")

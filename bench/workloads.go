@@ -63,6 +63,8 @@ var workloads = []workload{
 		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: cacheWorkload, skip: onlyLocalAndMuxfs("muxfs")},
 	{name: "warm", desc: "the source tree and the Lua build right after a remount with a warm persistent cache and dropped page caches (each command first run once to fill the cache); local runs each with dropped caches. muxfs' builds are timed in turn with a local build of a copy of the same sources (each first in every other repetition), the base of the build's target",
 		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: warmWorkload, skip: onlyLocalAndMuxfs("muxfs", "muxfs-nocto")},
+	{name: "bigdir", desc: "a directory of 100,000 empty files (a job's outputs): `ls -f` (the names, unsorted) and `ls -l` (every entry's attributes), each cold (fresh mount, dropped caches)",
+		at: func(time.Duration) bool { return true }, run: bigdirWorkload},
 	{name: "narrow", desc: fmt.Sprintf("a link of %s: the SSH server's port on the loopback shaped both ways (tc htb, a byte queue of 100 ms), with or without added delay. A stat of a file in a directory not yet looked up (median of one every 200 ms): on an idle mount, while a %d MiB file is read (cat) and while one is written (dd, conv=fsync); and the transfers' rates. Cold each time (fresh mount, dropped caches)", narrowRate, narrowMiB),
 		at: func(rtt time.Duration) bool { return rtt == 0 || rtt == 20*time.Millisecond }, run: narrowWorkload,
 		skip: func(sys string, _ time.Duration) string {
@@ -413,6 +415,59 @@ func treeWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 		}
 	}
 	return res, nil
+}
+
+// bigdirFiles is the size of the bigdir workload's directory (its description says it
+// too): OpenSSH's server sends 100 entries per READDIR answer, so listing it takes
+// 1,000 answers.
+const bigdirFiles = 100_000
+
+// bigdirWorkload lists one big directory, cold, by name and with attributes.
+func bigdirWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
+	if err := ensureBigdir(filepath.Join(s.dir, "bigdir")); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(s.mp, "bigdir")
+	cmds := []struct{ name, script string }{
+		{"ls -f", "ls -f " + dir + " | wc -l"},
+		{"ls -l", "ls -l " + dir + " | wc -l"},
+	}
+	// ls -f prints . and .. too; ls -l a "total" line.
+	var res []result
+	for _, c := range cmds {
+		if err := s.remount(); err != nil {
+			return res, err
+		}
+		d, out, err := sh(c.script)
+		if err != nil {
+			return res, err
+		}
+		if n, _ := strconv.Atoi(strings.TrimSpace(out)); n < bigdirFiles || n > bigdirFiles+2 {
+			return res, fmt.Errorf("%s listed %s lines for %d files", c.name, strings.TrimSpace(out), bigdirFiles)
+		}
+		res = append(res, result{c.name + " cold", "s", d.Seconds(), false})
+	}
+	return res, nil
+}
+
+// ensureBigdir makes dir hold exactly bigdirFiles empty files, server side and
+// untimed; a directory left complete by an earlier run is kept.
+func ensureBigdir(dir string) error {
+	if ents, err := os.ReadDir(dir); err == nil && len(ents) == bigdirFiles {
+		return nil
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for i := range bigdirFiles {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("out-%06d.dat", i)), nil, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func untarWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
