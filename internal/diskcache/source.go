@@ -155,8 +155,8 @@ func (s *Source) SetAttr(ctx context.Context, p string, set backend.SetAttr) (ba
 	var err error
 	if set.Valid&backend.SetSize != 0 {
 		err = s.st.dropDuring(op, false, p)
-	} else {
-		err = op()
+	} else if err = op(); err == nil && s.data {
+		s.st.changed(p, a)
 	}
 	return a, err
 }

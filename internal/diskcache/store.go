@@ -679,6 +679,30 @@ func (st *Store) seen(p string, a backend.Attr) {
 	}
 }
 
+// changed takes the attributes the server answered to a change of p's attributes
+// made through muxfs by path (times, mode, owner): what the cache holds of another
+// version is moved on to this one, as the next open would move it. That open then
+// goes to the server at once, instead of first asking for p's attributes to check a
+// version that cannot be the server's: rsync -a sets the times of each file it wrote,
+// by path, and opens it again, which took two round trips. An entry in use moves on
+// as for a stat (seen); a record alone is acquired at the new version, as an open
+// does.
+func (st *Store) changed(p string, a backend.Attr) {
+	if a.Type() != syscall.S_IFREG {
+		return
+	}
+	st.mu.Lock()
+	e := st.entries[p]
+	st.mu.Unlock()
+	if e != nil {
+		e.moveOn(a)
+		return
+	}
+	if r, ok := st.wholeRecord(p); ok && (r.Size != a.Size || r.Mtime != a.Mtime.UnixNano()) {
+		st.acquire(p, a).release()
+	}
+}
+
 // moveOn moves the entry on to the version with attributes a, if it is of another.
 func (e *entry) moveOn(a backend.Attr) {
 	if a.Type() != syscall.S_IFREG {

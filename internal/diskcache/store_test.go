@@ -28,8 +28,9 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // unreachable.
 type counting struct {
 	backend.Backend
-	read atomic.Int64
-	down atomic.Bool
+	read   atomic.Int64
+	lstats atomic.Int64
+	down   atomic.Bool
 	// duringUnlink, if set, runs while an unlink is in flight, before the server
 	// acts on it.
 	duringUnlink func()
@@ -40,6 +41,11 @@ func (c *counting) Unlink(ctx context.Context, p string) error {
 		c.duringUnlink()
 	}
 	return c.Backend.Unlink(ctx, p)
+}
+
+func (c *counting) Lstat(ctx context.Context, p string) (backend.Attr, error) {
+	c.lstats.Add(1)
+	return c.Backend.Lstat(ctx, p)
 }
 
 func (c *counting) Open(ctx context.Context, p string, flags int, mode uint32) (backend.File, error) {
@@ -1295,3 +1301,42 @@ func TestRequeueUnderNewer(t *testing.T) {
 		}
 	}
 }
+
+// TestOwnTimesChangeOpensAtOnce: after muxfs changes by path the times of a file the
+// cache holds whole (rsync -a, touch), the next open goes to the server without first
+// asking for the file's attributes: the cache holds another version. Both with the
+// entry still in use (dirty, before its commit) and with its record alone.
+func TestOwnTimesChangeOpensAtOnce(t *testing.T) {
+	ctx := context.Background()
+	for _, committed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("committed=%v", committed), func(t *testing.T) {
+			c, s, cb, remote := setup(t, t.TempDir(), Options{})
+			defer c.Close()
+			want := data(3000, 7)
+			if err := os.WriteFile(filepath.Join(remote, "f"), want, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			readAll(t, s, "f")
+			if committed {
+				s.st.flush()
+			}
+			before, read := cb.lstats.Load(), cb.read.Load()
+			if got := readAll(t, s, "f"); !bytes.Equal(got, want) || cb.lstats.Load() != before+1 || cb.read.Load() != read {
+				t.Fatalf("held whole: want one stat and no read from the server, got %d and %d bytes",
+					cb.lstats.Load()-before, cb.read.Load()-read)
+			}
+			old := time.Unix(1_500_000_000, 0)
+			if _, err := s.SetAttr(ctx, "f", backend.SetAttr{Valid: backend.SetTimes, Atime: old, Mtime: old}); err != nil {
+				t.Fatal(err)
+			}
+			before = cb.lstats.Load()
+			if got := readAll(t, s, "f"); !bytes.Equal(got, want) {
+				t.Fatal("read after the change differs")
+			}
+			if n := cb.lstats.Load() - before; n != 0 {
+				t.Errorf("the open after the change asked for the attributes first (%d stats)", n)
+			}
+		})
+	}
+}
+
