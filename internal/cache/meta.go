@@ -435,6 +435,26 @@ func (m *Meta) Dirtied(source int, p string) {
 	}
 }
 
+// Arrived records that p now exists, put there through muxfs with attributes that
+// are not known (a rename of a file just written): its directory's listing keeps
+// answering for its other names and for missing ones, and p's attributes are asked
+// for at its next lookup.
+func (m *Meta) Arrived(source int, p string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	name, d := m.forgetLocked(source, p)
+	if d == nil {
+		return
+	}
+	if d.put(backend.Entry{Name: name}) {
+		m.entries++
+	}
+	if d.dirty == nil {
+		d.dirty = map[string]bool{}
+	}
+	d.dirty[name] = true
+}
+
 // MadeDir records a directory just created through muxfs: it is empty.
 func (m *Meta) MadeDir(source int, p string, now time.Time) {
 	m.putListing(source, p, nil, now, now, m.stamp(source, p))
@@ -955,11 +975,16 @@ func (s *Source) Rename(ctx context.Context, from, to string) error {
 	}
 	defer s.record()()
 	a, known := s.meta.Removed(s.id, from, true)
-	// A file replaced at the new name that has other names: they lost a link.
-	if old, had := s.meta.Removed(s.id, to, true); known && !(had && old.Nlink > 1) {
-		s.meta.Created(s.id, to, a)
-	} else {
+	switch old, had := s.meta.Removed(s.id, to, true); {
+	case had && old.Nlink > 1:
+		// A file replaced at the new name that has other names: they lost a link.
 		s.meta.Invalidate(s.id, to)
+	case known:
+		s.meta.Created(s.id, to, a)
+	default:
+		// A file just written (git's config.lock renamed to config): the rest of
+		// the directory's listing still answers, the lock's next create included.
+		s.meta.Arrived(s.id, to)
 	}
 	s.forgetStoredTree(from)
 	s.forgetStoredTree(to)

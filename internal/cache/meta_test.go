@@ -1375,3 +1375,45 @@ func TestLoadedListingAfterRacingChange(t *testing.T) {
 		t.Errorf("d after renaming d/x away: %v %v, want no x", list, err)
 	}
 }
+
+// TestRenameOfWrittenFileKeepsListing: a file just written, whose attributes are not
+// known, renamed in its directory (git's config.lock to config): the directory's
+// listing still answers for the names missing from it — the lock's next create looks
+// one up — and the new name is asked for.
+func TestRenameOfWrittenFileKeepsListing(t *testing.T) {
+	s, c, _ := newSource(t, time.Minute, nil)
+	ctx := context.Background()
+	if _, err := s.Mkdir(ctx, "git", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 2 {
+		f, err := s.Open(ctx, "git/config.lock", os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt(ctx, []byte("[core]"), 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Rename(ctx, "git/config.lock", "git/config"); err != nil {
+			t.Fatal(err)
+		}
+		before := c.lstats.Load()
+		for _, name := range []string{"git/config.lock", "git/hooks"} {
+			if _, err := s.Lstat(ctx, name); backend.ToErrno(err) != syscall.ENOENT {
+				t.Fatalf("round %d: lstat %s: %v", round, name, err)
+			}
+		}
+		if n := c.lstats.Load() - before; n != 0 {
+			t.Errorf("round %d: %d LSTATs for names missing from a directory muxfs made", round, n)
+		}
+		if a, err := s.Lstat(ctx, "git/config"); err != nil || a.Size != 6 || c.lstats.Load() != before+1 {
+			t.Errorf("round %d: the renamed file: %+v, %v after %d LSTATs; want its size from the source", round, a, err, c.lstats.Load()-before)
+		}
+	}
+	if names := sortedNames(t, s, "git"); names != "[config]" {
+		t.Errorf("listing: %v", names)
+	}
+}
