@@ -257,6 +257,15 @@ func (m *Meta) answerLocked(source int, p string, now time.Time) (a backend.Attr
 	return backend.Attr{}, false, false, time.Time{}
 }
 
+// hasListing reports whether a listing of p is cached and unexpired, even one that
+// does not answer for a file being written in it.
+func (m *Meta) hasListing(source int, p string, now time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d, hit := m.dirs[key{source, p}]
+	return hit && now.Before(d.expires)
+}
+
 // oldListing reports whether p's listing is cached, unexpired, but older than the TTL:
 // a listing stored by an earlier mount, answered at its first use in this one.
 func (m *Meta) oldListing(source int, p string, now time.Time) bool {
@@ -617,6 +626,9 @@ func (s *Source) Lstat(ctx context.Context, p string) (backend.Attr, error) {
 		return s.offlineLstat(ctx, p)
 	}
 	s.misses.Add(1)
+	if s.prefetch != nil && p != "" {
+		s.prefetch.missed(s, parent(p))
+	}
 	stamp := s.meta.stamp(s.id, p)
 	a, err := s.Backend.Lstat(ctx, p)
 	switch {

@@ -1417,3 +1417,65 @@ func TestRenameOfWrittenFileKeepsListing(t *testing.T) {
 		t.Errorf("listing: %v", names)
 	}
 }
+
+// TestLookupsMissingInADirectoryListIt: a second lookup the cache cannot answer in a
+// directory nobody listed (git status stats every tracked file, in the index's order)
+// lists that directory in the background, and the next names are answered from the
+// listing; a directory larger than missListMax is not listed for lookups.
+func TestLookupsMissingInADirectoryListIt(t *testing.T) {
+	s, c, dir := newSource(t, time.Minute, NewPrefetcher(4))
+	ctx := context.Background()
+	for _, d := range []string{"small", "big"} {
+		os.Mkdir(dir+"/"+d, 0o755) //nolint:errcheck
+	}
+	for i := range 20 {
+		os.WriteFile(fmt.Sprintf("%s/small/f%02d", dir, i), nil, 0o644) //nolint:errcheck
+	}
+	for i := range 4000 {
+		os.WriteFile(fmt.Sprintf("%s/big/a-rather-long-file-name-%04d", dir, i), nil, 0o644) //nolint:errcheck
+	}
+	// The directories' own attributes, as the kernel's lookups of them fetch them (a
+	// listing of their parent would list them ahead).
+	for _, d := range []string{"small", "big"} {
+		if _, err := s.Lstat(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"small/f00", "small/f01"} {
+		if _, err := s.Lstat(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, _, ok := s.meta.listing(0, "small", time.Now()); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("two lookups missing in a directory did not list it")
+		}
+	}
+	before := c.lstats.Load()
+	for i := 2; i < 20; i++ {
+		if _, err := s.Lstat(ctx, fmt.Sprintf("small/f%02d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Lstat(ctx, "small/none"); backend.ToErrno(err) != syscall.ENOENT {
+		t.Errorf("a missing name: %v", err)
+	}
+	if n := c.lstats.Load() - before; n != 0 {
+		t.Errorf("%d LSTATs after the directory was listed", n)
+	}
+
+	if st, err := os.Stat(dir + "/big"); err != nil || st.Size() <= missListMax {
+		t.Skipf("this file system gives a directory of 4,000 names %d bytes", st.Size())
+	}
+	readdirs := c.readdirs.Load()
+	for i := range 3 {
+		s.Lstat(ctx, fmt.Sprintf("big/a-rather-long-file-name-%04d", i)) //nolint:errcheck
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := c.readdirs.Load() - readdirs; n != 0 {
+		t.Errorf("a directory larger than missListMax was listed for %d lookups", 3)
+	}
+}

@@ -28,6 +28,8 @@ type Prefetcher struct {
 	// walk's next directories come before the rest of the tree's breadth.
 	todo    []task
 	workers int
+	// misses: when a lookup last missed in each directory (missed).
+	misses map[key]time.Time
 }
 
 type task struct {
@@ -38,7 +40,7 @@ type task struct {
 
 // NewPrefetcher allows parallel listings at a time (per mount).
 func NewPrefetcher(parallel int) *Prefetcher {
-	return &Prefetcher{parallel: parallel, busy: map[key]bool{}, ahead: map[key]bool{}}
+	return &Prefetcher{parallel: parallel, busy: map[key]bool{}, ahead: map[key]bool{}, misses: map[key]time.Time{}}
 }
 
 const (
@@ -50,7 +52,38 @@ const (
 	// followed: how long a walk counts as following after it last used a listing
 	// fetched ahead.
 	followed = 2 * time.Second
+	// missListMax: the largest directory (its size as the server gives it) that
+	// lookups missing in it have listed (missed). ext4 gives a directory of 1,500
+	// short names about 64 KiB.
+	missListMax = 64 << 10
 )
+
+// missed is told of a lookup the cache could not answer. A second one in the same
+// directory within `followed` lists that directory, in the background: a run of
+// lookups of names in a directory nobody listed — git status stats every tracked file
+// in the index's order, a build stats its sources and headers — then finds the rest
+// in its listing instead of paying a round trip each. A directory whose attributes
+// are not known, or larger than missListMax, is left alone: a few lookups in a
+// directory of 100,000 names must not cost its listing.
+func (pf *Prefetcher) missed(s *Source, dir string) {
+	k := key{s.id, dir}
+	now := time.Now()
+	pf.mu.Lock()
+	if len(pf.misses) > 4096 {
+		pf.misses = map[key]time.Time{}
+	}
+	last, seen := pf.misses[k]
+	pf.misses[k] = now
+	pf.mu.Unlock()
+	if !seen || now.Sub(last) > followed {
+		return
+	}
+	a, found, ok := s.meta.lookup(s.id, dir, now)
+	if !ok || !found || !a.IsDir() || a.Size > missListMax || s.meta.hasListing(s.id, dir, now) {
+		return
+	}
+	pf.enqueue([]task{{s, k, maxDepth}})
+}
 
 // children is told of a listing the walk asked for.
 func (pf *Prefetcher) children(s *Source, dir string, list []backend.Entry) {
@@ -79,6 +112,11 @@ func (pf *Prefetcher) schedule(s *Source, dir string, list []backend.Entry, dept
 		}
 		tasks = append(tasks, task{s, key{s.id, p}, depth})
 	}
+	pf.enqueue(tasks)
+}
+
+// enqueue queues tasks, the first to be taken first, and starts workers for them.
+func (pf *Prefetcher) enqueue(tasks []task) {
 	pf.mu.Lock()
 	defer pf.mu.Unlock()
 	// Pushed last child first: the first child is taken first.
