@@ -1339,4 +1339,3 @@ func TestOwnTimesChangeOpensAtOnce(t *testing.T) {
 		})
 	}
 }
-
