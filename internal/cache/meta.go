@@ -85,6 +85,10 @@ type dirEntry struct {
 	// seen is when the source gave the listing: a stored listing answered at its first
 	// use in a mount is fresh for the TTL, but it is as old as it is (Meta.recent).
 	seen time.Time
+	// names: fetched for lookups of names in it (Prefetcher.missed), it answers for
+	// the names it holds and not for others: a name made outside the mount since is
+	// asked for, as it was before the directory was listed.
+	names bool
 	// dirty names are being changed through muxfs (written to): the listing still
 	// says they exist, but their attributes must be asked for, and the listing is not
 	// given out whole until it is fetched again.
@@ -252,6 +256,9 @@ func (m *Meta) answerLocked(source int, p string, now time.Time) (a backend.Attr
 			}
 			return d.list[i].Attr, true, true, d.seen
 		}
+		if d.names {
+			return backend.Attr{}, false, false, time.Time{}
+		}
 		return backend.Attr{}, false, true, d.seen
 	}
 	return backend.Attr{}, false, false, time.Time{}
@@ -321,6 +328,11 @@ func (m *Meta) listing(source int, p string, now time.Time) (list []backend.Entr
 
 // putListing caches a listing for the TTL from now; seen is when the source gave it.
 func (m *Meta) putListing(source int, p string, list []backend.Entry, now, seen time.Time, stamp uint64) {
+	m.putListingAs(source, p, list, now, seen, stamp, false)
+}
+
+// putListingAs is putListing, for lookups' names only if names (dirEntry.names).
+func (m *Meta) putListingAs(source int, p string, list []backend.Entry, now, seen time.Time, stamp uint64, names bool) {
 	byName := make(map[string]int, len(list))
 	for i, e := range list {
 		byName[e.Name] = i
@@ -336,9 +348,17 @@ func (m *Meta) putListing(source int, p string, list []backend.Entry, now, seen 
 	} else {
 		m.indexLocked(k)
 	}
-	m.dirs[k] = &dirEntry{list: list, byName: byName, expires: now.Add(m.TTL), seen: seen, shared: true}
+	m.dirs[k] = &dirEntry{list: list, byName: byName, expires: now.Add(m.TTL), seen: seen, shared: true, names: names}
 	m.entries += len(list)
 	m.trimLocked(now)
+}
+
+// putNames caches a listing fetched for the lookups missing in p (see dirEntry.names),
+// unless p's listing is cached already.
+func (m *Meta) putNames(source int, p string, list []backend.Entry, now time.Time, stamp uint64) {
+	if !m.hasListing(source, p, now) {
+		m.putListingAs(source, p, list, now, now, stamp, true)
+	}
 }
 
 // trimLocked keeps the cache within MaxEntries: expired entries go first, then, if
@@ -741,6 +761,17 @@ func (s *Source) fetchListing(ctx context.Context, p string) ([]backend.Entry, e
 		if f := v.(fetched); f.stamp >= seen {
 			return f.list, err
 		}
+	}
+}
+
+// fetchNames lists p for the lookups missing in it (Prefetcher.missed). The listing
+// answers for the names it holds only (dirEntry.names), and is not kept in the
+// persistent cache, whose copy would answer for every name.
+func (s *Source) fetchNames(ctx context.Context, p string) {
+	now := time.Now()
+	stamp := s.meta.stamp(s.id, p)
+	if list, err := s.Backend.ReadDir(ctx, p); err == nil {
+		s.meta.putNames(s.id, p, list, now, stamp)
 	}
 }
 

@@ -456,16 +456,7 @@ func TestWriteKeepsStoredDirectory(t *testing.T) {
 		if flags&os.O_CREATE != 0 {
 			name = "d/new"
 		}
-		f, err := s.Open(ctx, name, flags, 0o644)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.WriteAt(ctx, []byte("longer"), 0); err != nil {
-			t.Fatal(err)
-		}
-		if err := f.Close(ctx); err != nil {
-			t.Fatal(err)
-		}
+		writeThrough(t, s, name, flags, "longer")
 	}
 	if _, ok := store.LoadAttr("d"); !ok {
 		t.Error("the directory's stored attributes went with a write in it")
@@ -1387,16 +1378,7 @@ func TestRenameOfWrittenFileKeepsListing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for round := range 2 {
-		f, err := s.Open(ctx, "git/config.lock", os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.WriteAt(ctx, []byte("[core]"), 0); err != nil {
-			t.Fatal(err)
-		}
-		if err := f.Close(ctx); err != nil {
-			t.Fatal(err)
-		}
+		writeThrough(t, s, "git/config.lock", os.O_WRONLY|os.O_CREATE|os.O_EXCL, "[core]")
 		if err := s.Rename(ctx, "git/config.lock", "git/config"); err != nil {
 			t.Fatal(err)
 		}
@@ -1421,7 +1403,8 @@ func TestRenameOfWrittenFileKeepsListing(t *testing.T) {
 // TestLookupsMissingInADirectoryListIt: a second lookup the cache cannot answer in a
 // directory nobody listed (git status stats every tracked file, in the index's order)
 // lists that directory in the background, and the next names are answered from the
-// listing; a directory larger than missListMax is not listed for lookups.
+// listing — not the names missing from it, which may have been made since; a
+// directory larger than missListMax is not listed for lookups.
 func TestLookupsMissingInADirectoryListIt(t *testing.T) {
 	s, c, dir := newSource(t, time.Minute, NewPrefetcher(4))
 	ctx := context.Background()
@@ -1460,11 +1443,17 @@ func TestLookupsMissingInADirectoryListIt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := s.Lstat(ctx, "small/none"); backend.ToErrno(err) != syscall.ENOENT {
-		t.Errorf("a missing name: %v", err)
-	}
 	if n := c.lstats.Load() - before; n != 0 {
 		t.Errorf("%d LSTATs after the directory was listed", n)
+	}
+	// A name missing from that listing is still asked for: made on the server since
+	// (a job's new output), it is found.
+	os.WriteFile(dir+"/small/new", nil, 0o644) //nolint:errcheck
+	if _, err := s.Lstat(ctx, "small/new"); err != nil {
+		t.Errorf("a name made on the server after the listing: %v", err)
+	}
+	if _, err := s.Lstat(ctx, "small/none"); backend.ToErrno(err) != syscall.ENOENT {
+		t.Errorf("a missing name: %v", err)
 	}
 
 	if st, err := os.Stat(dir + "/big"); err != nil || st.Size() <= missListMax {
@@ -1477,5 +1466,22 @@ func TestLookupsMissingInADirectoryListIt(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	if n := c.readdirs.Load() - readdirs; n != 0 {
 		t.Errorf("a directory larger than missListMax was listed for %d lookups", 3)
+	}
+}
+
+// writeThrough writes data at the start of p through s, opened with flags, and
+// closes it.
+func writeThrough(t *testing.T, s *Source, p string, flags int, data string) {
+	t.Helper()
+	ctx := context.Background()
+	f, err := s.Open(ctx, p, flags, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(ctx, []byte(data), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -36,6 +36,7 @@ type task struct {
 	s     *Source
 	k     key
 	depth int
+	names bool // for lookups missing in it (missed), not for a walk
 }
 
 // NewPrefetcher allows parallel listings at a time (per mount).
@@ -62,9 +63,11 @@ const (
 // directory within `followed` lists that directory, in the background: a run of
 // lookups of names in a directory nobody listed — git status stats every tracked file
 // in the index's order, a build stats its sources and headers — then finds the rest
-// in its listing instead of paying a round trip each. A directory whose attributes
-// are not known, or larger than missListMax, is left alone: a few lookups in a
-// directory of 100,000 names must not cost its listing.
+// in its listing instead of paying a round trip each. Names missing from that listing
+// are still asked for (dirEntry.names): a lookup of a name made outside the mount
+// since must find it. A directory whose attributes are not known, or larger than
+// missListMax, is left alone: a few lookups in a directory of 100,000 names must not
+// cost its listing.
 func (pf *Prefetcher) missed(s *Source, dir string) {
 	k := key{s.id, dir}
 	now := time.Now()
@@ -82,7 +85,7 @@ func (pf *Prefetcher) missed(s *Source, dir string) {
 	if !ok || !found || !a.IsDir() || a.Size > missListMax || s.meta.hasListing(s.id, dir, now) {
 		return
 	}
-	pf.enqueue([]task{{s, k, maxDepth}})
+	pf.enqueue([]task{{s, k, maxDepth, true}})
 }
 
 // children is told of a listing the walk asked for.
@@ -110,7 +113,7 @@ func (pf *Prefetcher) schedule(s *Source, dir string, list []backend.Entry, dept
 		if _, _, cached := s.meta.listing(s.id, p, time.Now()); cached {
 			continue
 		}
-		tasks = append(tasks, task{s, key{s.id, p}, depth})
+		tasks = append(tasks, task{s, key{s.id, p}, depth, false})
 	}
 	pf.enqueue(tasks)
 }
@@ -144,8 +147,24 @@ func (pf *Prefetcher) work() {
 		t := pf.todo[len(pf.todo)-1]
 		pf.todo = pf.todo[:len(pf.todo)-1]
 		pf.mu.Unlock()
-		pf.fetch(t.s, t.k, t.depth)
+		if t.names {
+			pf.fetchNames(t.s, t.k)
+		} else {
+			pf.fetch(t.s, t.k, t.depth)
+		}
 	}
+}
+
+// fetchNames lists a directory for the lookups missing in it (missed).
+func (pf *Prefetcher) fetchNames(s *Source, k key) {
+	defer func() {
+		pf.mu.Lock()
+		delete(pf.busy, k)
+		pf.mu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s.fetchNames(ctx, k.path)
 }
 
 func (pf *Prefetcher) fetch(s *Source, k key, depth int) {

@@ -238,17 +238,7 @@ func fakeServer(t *testing.T, reply func(w io.Writer, id uint32)) *Client {
 		io.ReadFull(sr, hdr) //nolint:errcheck // init
 		v := newPacket(fxpVersion, 3)
 		sw.Write(v.finish()) //nolint:errcheck
-		for {
-			var l [4]byte
-			if _, err := io.ReadFull(sr, l[:]); err != nil {
-				return
-			}
-			body := make([]byte, binary.BigEndian.Uint32(l[:]))
-			if _, err := io.ReadFull(sr, body); err != nil {
-				return
-			}
-			reply(sw, binary.BigEndian.Uint32(body[1:5]))
-		}
+		requestsFrom(sr, func(_ byte, id uint32) { reply(sw, id) })
 	}()
 	c, err := NewClient(context.Background(), cr, cw, nil)
 	if err != nil {
@@ -256,6 +246,22 @@ func fakeServer(t *testing.T, reply func(w io.Writer, id uint32)) *Client {
 	}
 	t.Cleanup(func() { c.Close(); sw.Close(); sr.Close() })
 	return c
+}
+
+// requestsFrom reads the client's requests from r (after its INIT) and hands each
+// one's type and id to each, until r ends.
+func requestsFrom(r io.Reader, each func(typ byte, id uint32)) {
+	for {
+		var l [4]byte
+		if _, err := io.ReadFull(r, l[:]); err != nil {
+			return
+		}
+		body := make([]byte, binary.BigEndian.Uint32(l[:]))
+		if _, err := io.ReadFull(r, body); err != nil {
+			return
+		}
+		each(body[0], binary.BigEndian.Uint32(body[1:5]))
+	}
 }
 
 func TestMalformedReplies(t *testing.T) {
@@ -660,17 +666,7 @@ func TestReadDirKeepsRequestsInFlight(t *testing.T) {
 	go func() {
 		defer close(requests)
 		io.ReadFull(sr, make([]byte, 9)) //nolint:errcheck // init
-		for {
-			var l [4]byte
-			if _, err := io.ReadFull(sr, l[:]); err != nil {
-				return
-			}
-			body := make([]byte, binary.BigEndian.Uint32(l[:]))
-			if _, err := io.ReadFull(sr, body); err != nil {
-				return
-			}
-			requests <- request{body[0], binary.BigEndian.Uint32(body[1:5])}
-		}
+		requestsFrom(sr, func(typ byte, id uint32) { requests <- request{typ, id} })
 	}()
 	peak := make(chan int, 1)
 	go func() {
