@@ -484,6 +484,34 @@ func (m *Meta) Arrived(source int, p string) {
 	d.dirty[name] = true
 }
 
+// EntriesChanged records that a name was made or removed in dir through muxfs: the
+// server moved the directory's mtime and ctime, so its own attributes are asked for
+// again, whether cached for it or in its parent's listing (where its name is marked
+// as changing, as a file being written is), while its own listing, kept up to date
+// by the change, stays. rsync -a sets a directory's times once its files are in, and
+// sets them again only if a stat shows them moved since: an mtime kept from before
+// the files' renames hid the move, and the server kept the time of the last rename.
+func (m *Meta) EntriesChanged(source int, dir string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// Answers to dir fetched meanwhile may be of before the change.
+	m.gens[slot(source, dir)]++
+	m.dropAttrLocked(key{source, dir})
+	if dir == "" {
+		return
+	}
+	up, name := parentOf(dir)
+	m.gens[slot(source, up)]++
+	if d := m.dirs[key{source, up}]; d != nil {
+		if _, in := d.byName[name]; in {
+			if d.dirty == nil {
+				d.dirty = map[string]bool{}
+			}
+			d.dirty[name] = true
+		}
+	}
+}
+
 // MadeDir records a directory just created through muxfs: it is empty.
 func (m *Meta) MadeDir(source int, p string, now time.Time) {
 	m.putListing(source, p, nil, now, now, m.stamp(source, p))
@@ -961,7 +989,21 @@ func (s *Source) Mkdir(ctx context.Context, p string, mode uint32) (backend.Attr
 	defer s.record()()
 	s.changedToLocked(p, a)
 	s.meta.MadeDir(s.id, p, time.Now())
+	s.entriesChangedLocked(p)
 	return a, nil
+}
+
+// entriesChangedLocked records, with record held, that each of paths was made or
+// removed through muxfs: its directory's times moved (Meta.EntriesChanged), and the
+// stored listing that holds them — its parent's — goes too.
+func (s *Source) entriesChangedLocked(paths ...string) {
+	for _, p := range paths {
+		dir := parent(p)
+		s.meta.EntriesChanged(s.id, dir)
+		if s.persist != nil && p != "" && dir != "" {
+			s.persist.ForgetListing(parent(dir))
+		}
+	}
 }
 
 // changedTo records that p was made or changed through muxfs and has attributes a,
@@ -988,6 +1030,7 @@ func (s *Source) Rmdir(ctx context.Context, p string) error {
 	defer s.record()()
 	s.meta.Removed(s.id, p, true)
 	s.forgetStoredTree(p)
+	s.entriesChangedLocked(p)
 	return nil
 }
 
@@ -1002,6 +1045,7 @@ func (s *Source) Unlink(ctx context.Context, p string) error {
 		s.meta.Invalidate(s.id, p)
 	}
 	s.forgetStored(p)
+	s.entriesChangedLocked(p)
 	return nil
 }
 
@@ -1031,6 +1075,7 @@ func (s *Source) Rename(ctx context.Context, from, to string) error {
 	}
 	s.forgetStoredTree(from)
 	s.forgetStoredTree(to)
+	s.entriesChangedLocked(from, to)
 	return nil
 }
 
@@ -1045,12 +1090,18 @@ func (s *Source) Symlink(ctx context.Context, target, p string) (backend.Attr, e
 	defer s.record()()
 	s.changedToLocked(p, a)
 	s.meta.putLink(s.id, p, target, time.Now(), s.meta.stamp(s.id, p))
+	s.entriesChangedLocked(p)
 	return a, nil
 }
 
 func (s *Source) Link(ctx context.Context, from, to string) error {
-	defer s.changed(from, to)
-	return s.Backend.Link(ctx, from, to)
+	err := s.Backend.Link(ctx, from, to)
+	s.changed(from, to)
+	if err == nil {
+		defer s.record()()
+		s.entriesChangedLocked(to)
+	}
+	return err
 }
 
 func (s *Source) SetAttr(ctx context.Context, p string, set backend.SetAttr) (backend.Attr, error) {
@@ -1092,6 +1143,10 @@ func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (ba
 		done := s.record()
 		s.meta.Created(s.id, p, f.OpenedAttr())
 		s.forgetStored(p)
+		if flags&syscall.O_CREAT != 0 {
+			// Made, perhaps: an open cannot tell whether the name was there.
+			s.entriesChangedLocked(p)
+		}
 		done()
 		return &file{File: f, s: s, path: p}, nil
 	}

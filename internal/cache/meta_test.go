@@ -1485,3 +1485,85 @@ func writeThrough(t *testing.T, s *Source, p string, flags int, data string) {
 		t.Fatal(err)
 	}
 }
+
+// TestOwnChangesMoveDirectoryTimes: a name made or removed through the cache moves
+// its directory's mtime on the source, and the next stat of the directory — and the
+// listing of its parent — say so (rsync -a sets a directory's times again only if a
+// stat shows them moved), while the directory's own listing is still answered.
+func TestOwnChangesMoveDirectoryTimes(t *testing.T) {
+	s, c, dir := newSource(t, time.Minute, nil)
+	store := newMemPersist()
+	s.SetPersist(store, func() bool { return false })
+	ctx := context.Background()
+	if _, err := s.Mkdir(ctx, "d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeThrough(t, s, "d/old", os.O_WRONLY|os.O_CREATE, "x")
+	if _, err := s.Mkdir(ctx, "d/sub", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	past := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	// A file just written, and a hard link, are asked for again with their
+	// directory's listing, as before; the other changes keep the listing.
+	ops := []struct {
+		name    string
+		do      func() error
+		relists bool
+	}{
+		{"create", func() error {
+			f, err := s.Open(ctx, "d/new", os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+			if err == nil {
+				err = f.Close(ctx)
+			}
+			return err
+		}, true},
+		{"rename within", func() error { return s.Rename(ctx, "d/new", "d/renamed") }, false},
+		{"rename out", func() error { return s.Rename(ctx, "d/renamed", "out") }, false},
+		{"rename in", func() error { return s.Rename(ctx, "out", "d/back") }, false},
+		{"unlink", func() error { return s.Unlink(ctx, "d/back") }, false},
+		{"mkdir", func() error { _, err := s.Mkdir(ctx, "d/sub2", 0o755); return err }, false},
+		{"rmdir", func() error { return s.Rmdir(ctx, "d/sub2") }, false},
+		{"symlink", func() error { _, err := s.Symlink(ctx, "old", "d/ln"); return err }, false},
+		{"link", func() error { return s.Link(ctx, "d/old", "d/hard") }, true},
+	}
+	for _, op := range ops {
+		for _, d := range []string{"d", "d/sub"} {
+			set := backend.SetAttr{Valid: backend.SetTimes, Atime: past, Mtime: past}
+			if _, err := s.SetAttr(ctx, d, set); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := s.ReadDir(ctx, ""); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.ReadDir(ctx, "d"); err != nil {
+			t.Fatal(err)
+		}
+		if err := op.do(); err != nil {
+			t.Fatalf("%s: %v", op.name, err)
+		}
+		readdirs := c.readdirs.Load()
+		if _, err := s.ReadDir(ctx, "d"); err != nil || !op.relists && c.readdirs.Load() != readdirs {
+			t.Errorf("%s: the directory's own listing was asked for again (%v)", op.name, err)
+		}
+		truth, err := os.Lstat(dir + "/d")
+		if err != nil || truth.ModTime().Equal(past) {
+			t.Fatalf("%s: the source's directory kept its old mtime (%v)", op.name, err)
+		}
+		if a, err := s.Lstat(ctx, "d"); err != nil || !a.Mtime.Equal(truth.ModTime()) {
+			t.Errorf("%s: stat of the directory says mtime %v (%v), the source %v", op.name, a.Mtime, err, truth.ModTime())
+		}
+		list, err := s.ReadDir(ctx, "")
+		i := slices.IndexFunc(list, func(e backend.Entry) bool { return e.Name == "d" })
+		if err != nil || i < 0 || !list[i].Attr.Mtime.Equal(truth.ModTime()) {
+			t.Errorf("%s: its parent's listing says %v (%v), the source %v", op.name, list, err, truth.ModTime())
+		}
+		// A remount answers from the stored listing: it must not hold the old times.
+		if list, _, ok := store.LoadListing(""); ok && slices.ContainsFunc(list, func(e backend.Entry) bool { return e.Name == "d" && e.Attr.Mtime.Equal(past) }) {
+			t.Errorf("%s: the stored listing of its parent keeps the old times", op.name)
+		}
+		if a, err := s.Lstat(ctx, "d/sub"); err != nil || !a.Mtime.Equal(past) {
+			t.Errorf("%s: a directory beside the change lost its cached times: %v, %v", op.name, a.Mtime, err)
+		}
+	}
+}
