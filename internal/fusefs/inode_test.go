@@ -1,8 +1,10 @@
 package fusefs
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -33,6 +35,48 @@ func TestInodeTable(t *testing.T) {
 	if tab.get(0, "moved/hardlink") != dir {
 		t.Error("alias")
 	}
+}
+
+// TestInodeNumbersSurviveRemounts: a fresh table (the next mount) gives each path the
+// number the last one gave it, as long as nothing took it first; a number is never
+// given to two paths, also when a path comes back after a rename or a delete (the
+// file that had its number may still be open).
+func TestInodeNumbersSurviveRemounts(t *testing.T) {
+	paths := []string{"", "src", "src/main.go", "src/go.mod", ".git", ".git/index"}
+	first, next := newInodeTable(), newInodeTable()
+	numbers := map[string]uint64{}
+	for _, p := range paths {
+		for source := range 2 {
+			numbers[fmt.Sprint(source, p)] = first.get(source, p)
+		}
+	}
+	// The next mount meets the paths in another order.
+	for _, p := range slices.Backward(paths) {
+		for source := range 2 {
+			if n := next.get(source, p); n != numbers[fmt.Sprint(source, p)] {
+				t.Errorf("source %d, %q: %d in one mount, %d in the next", source, p, numbers[fmt.Sprint(source, p)], n)
+			}
+		}
+	}
+	given := map[uint64]bool{}
+	for _, n := range numbers {
+		given[n] = true
+	}
+	// made is a new file at p: it must get a number never given in this mount.
+	made := func(p string) {
+		if n := first.get(0, p); given[n] {
+			t.Errorf("new %q got %d, a number given before", p, n)
+		} else {
+			given[n] = true
+		}
+	}
+	first.move(0, ".git/index", ".git/index.old")
+	made(".git/index")
+	first.forget(0, "src/main.go")
+	made("src/main.go")
+	first.move(0, "src", "src.old")
+	made("src")
+	made("src/go.mod")
 }
 
 // TestRootLinkCount: the root is never looked up, so its link count is not known
