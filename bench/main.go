@@ -26,8 +26,11 @@ type bench struct {
 	treeTar   string
 	treeFiles int
 	luaTar    string
-	data      string // server-side data root
-	results   *store
+	// gitRepo is a bare repository of devTree on the local disk, cloned onto the
+	// mount by the git workload.
+	gitRepo string
+	data    string // server-side data root
+	results *store
 	// maxSteal: a measurement during which the host took more than this percentage
 	// of the machine is taken again, up to retakes times (steal.go).
 	maxSteal float64
@@ -43,7 +46,7 @@ type bench struct {
 func main() {
 	var (
 		sysList  = flag.String("systems", "local,sshfs,sshfs-tuned,rclone,rclone-full,mergerfs,mergerfs-tuned,muxfs,muxfs-nocto,muxfs-ssh", "systems to measure")
-		wlList   = flag.String("workloads", "seq,rand,tree,union,bonnie,untar,build,narrow,bigdir", "workloads to run")
+		wlList   = flag.String("workloads", "seq,rand,tree,union,bonnie,untar,build,narrow,bigdir,git,rsync", "workloads to run")
 		rttList  = flag.String("rtt", "0,2,20", "added round-trip times in ms")
 		reps     = flag.Int("reps", 3, "repetitions of each measurement (median reported)")
 		seqMiB   = flag.Int("seq-mib", 128, "size of the sequential I/O file in MiB")
@@ -187,7 +190,11 @@ func (b *bench) prepare() error {
 	if _, _, err := sh(fmt.Sprintf("tar -cf %s -C %s tree", b.treeTar, shared)); err != nil {
 		return err
 	}
-	if err := splitTree(filepath.Join(shared, "tree"), filepath.Join(shared, "union")); err != nil {
+	err := splitTree(filepath.Join(shared, "tree"), filepath.Join(shared, "union"))
+	if err != nil {
+		return err
+	}
+	if b.gitRepo, err = makeGitRepo(b.env.root, filepath.Join(shared, devTree)); err != nil {
 		return err
 	}
 	lua, err := fetchLua(b.env.root)

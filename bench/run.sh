@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 missing=()
-for p in fio sshfs rclone bonnie++ mergerfs; do command -v "$p" >/dev/null || missing+=("$p"); done
+for p in fio sshfs rclone bonnie++ mergerfs git rsync; do command -v "$p" >/dev/null || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -65,6 +65,10 @@ var workloads = []workload{
 		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: warmWorkload, skip: onlyLocalAndMuxfs("muxfs", "muxfs-nocto")},
 	{name: "bigdir", desc: "a directory of 100,000 empty files (a job's outputs): `ls -f` (the names, unsorted) and `ls -l` (every entry's attributes), each cold (fresh mount, dropped caches)",
 		at: func(time.Duration) bool { return true }, run: bigdirWorkload},
+	{name: "git", desc: "a git repository of " + devDesc + " on the mount: `git clone` of it from the local disk (file://, as from a server), `git status` cold (fresh mount, dropped caches) and hot, and `git commit -a` of a one-line change; a status that finds changes fails the cell",
+		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: gitWorkload},
+	{name: "rsync", desc: "`rsync -a` of " + devDesc + " from the local disk onto the mount, then again from a fresh mount with dropped caches (nothing to send: rsync compares every file's size and mtime, and each directory's times); the items the second run sends again are counted — any is a change the mount lost",
+		at: func(rtt time.Duration) bool { return rtt <= 2*time.Millisecond }, run: rsyncWorkload},
 	{name: "narrow", desc: fmt.Sprintf("a link of %s: the SSH server's port on the loopback shaped both ways (tc htb, a byte queue of 100 ms), with or without added delay. A stat of a file in a directory not yet looked up (median of one every 200 ms): on an idle mount, while a %d MiB file is read (cat) and while one is written (dd, conv=fsync); and the transfers' rates. Cold each time (fresh mount, dropped caches)", narrowRate, narrowMiB),
 		at: func(rtt time.Duration) bool { return rtt == 0 || rtt == 20*time.Millisecond }, run: narrowWorkload,
 		skip: func(sys string, _ time.Duration) string {
@@ -468,6 +472,97 @@ func ensureBigdir(dir string) error {
 		}
 	}
 	return nil
+}
+
+// devTree is the part of the source tree the git and rsync workloads work on; devDesc
+// says what it is.
+const (
+	devTree = "tree/cmd/go"
+	devDesc = "Go 1.26's cmd/go (1,502 files in 81 directories, 9 MB)"
+)
+
+// makeGitRepo makes a bare repository at root/devtree.git holding src in one commit,
+// and has every git the bench runs use a configuration of its own (a committer, no
+// automatic gc, and any owner: the mounts show the server's).
+func makeGitRepo(root, src string) (string, error) {
+	cfg := filepath.Join(root, "gitconfig")
+	if err := os.WriteFile(cfg, []byte("[user]\n\tname = bench\n\temail = bench@localhost\n[safe]\n\tdirectory = *\n[init]\n\tdefaultBranch = main\n[gc]\n\tauto = 0\n"), 0o644); err != nil {
+		return "", err
+	}
+	os.Setenv("GIT_CONFIG_GLOBAL", cfg)   //nolint:errcheck // a valid name
+	os.Setenv("GIT_CONFIG_NOSYSTEM", "1") //nolint:errcheck // a valid name
+	repo := filepath.Join(root, "devtree.git")
+	git := fmt.Sprintf("git --git-dir=%s --work-tree=%s", repo, src)
+	_, out, err := sh(fmt.Sprintf("git init -q --bare %s && %s add -A && %s commit -q -m import", repo, git, git))
+	if err != nil {
+		return "", fmt.Errorf("making the git workload's repository: %v: %s", err, out)
+	}
+	return repo, nil
+}
+
+// gitWorkload clones devTree's repository onto the mount and works in it as a
+// developer does: status after a remount, status again, a commit.
+func gitWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
+	os.RemoveAll(filepath.Join(s.dir, "git")) //nolint:errcheck // leftovers of a failed run, server side
+	if err := s.remount(); err != nil {
+		return nil, err
+	}
+	repo := filepath.Join(s.mp, "git")
+	status := "git -C " + repo + " status --porcelain"
+	steps := []struct {
+		name, script string
+		cold         bool
+		clean        bool // the script prints what git status finds changed
+	}{
+		{"clone", "git clone -q file://" + b.gitRepo + " " + repo, false, false},
+		{"status cold", status, true, true},
+		{"status hot", status, false, true},
+		{"commit", "echo '// edited' >> " + repo + "/main.go && git -C " + repo + " commit -q -a -m edit && " + status, false, true},
+	}
+	var res []result
+	for _, st := range steps {
+		if st.cold {
+			if err := s.remount(); err != nil {
+				return res, err
+			}
+		}
+		d, out, err := sh(st.script)
+		if err != nil {
+			return res, fmt.Errorf("%s: %v: %s", st.name, err, out)
+		}
+		if st.clean && strings.TrimSpace(out) != "" {
+			return res, fmt.Errorf("%s: git status found changes: %.200s", st.name, out)
+		}
+		res = append(res, result{st.name, "s", d.Seconds(), false})
+	}
+	return res, nil
+}
+
+// rsyncWorkload copies devTree onto the mount with rsync -a, then runs the same
+// rsync on a fresh mount, which should find nothing to send.
+func rsyncWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
+	os.RemoveAll(filepath.Join(s.dir, "rsync")) //nolint:errcheck // leftovers of a failed run, server side
+	if err := s.remount(); err != nil {
+		return nil, err
+	}
+	script := fmt.Sprintf("rsync -ai %s/ %s/", filepath.Join(b.data, "shared", devTree), filepath.Join(s.mp, "rsync"))
+	d, out, err := sh(script)
+	if err != nil {
+		return nil, fmt.Errorf("rsync -a: %v: %.300s", err, out)
+	}
+	res := []result{{"rsync -a", "s", d.Seconds(), false}}
+	if err := s.remount(); err != nil {
+		return res, err
+	}
+	if d, out, err = sh(script); err != nil {
+		return res, fmt.Errorf("rsync -a again: %v: %.300s", err, out)
+	}
+	sent := 0
+	if out = strings.TrimSpace(out); out != "" {
+		sent = strings.Count(out, "\n") + 1
+	}
+	return append(res, result{"rsync -a again cold", "s", d.Seconds(), false},
+		result{"items sent again", "items", float64(sent), false}), nil
 }
 
 func untarWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
