@@ -121,6 +121,14 @@ func (d *dirEntry) put(e backend.Entry) (added bool) {
 	return true
 }
 
+// markDirty marks name as being changed through muxfs (dirEntry.dirty).
+func (d *dirEntry) markDirty(name string) {
+	if d.dirty == nil {
+		d.dirty = map[string]bool{}
+	}
+	d.dirty[name] = true
+}
+
 // remove takes name out of the listing, moving the last entry into its place (a
 // listing's order is the server's, which promises none); it reports whether name was
 // there.
@@ -457,10 +465,7 @@ func (m *Meta) Dirtied(source int, p string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if name, d := m.forgetLocked(source, p); d != nil {
-		if d.dirty == nil {
-			d.dirty = map[string]bool{}
-		}
-		d.dirty[name] = true
+		d.markDirty(name)
 	}
 }
 
@@ -478,10 +483,7 @@ func (m *Meta) Arrived(source int, p string) {
 	if d.put(backend.Entry{Name: name}) {
 		m.entries++
 	}
-	if d.dirty == nil {
-		d.dirty = map[string]bool{}
-	}
-	d.dirty[name] = true
+	d.markDirty(name)
 }
 
 // EntriesChanged records that a name was made or removed in dir through muxfs: the
@@ -504,10 +506,7 @@ func (m *Meta) EntriesChanged(source int, dir string) {
 	m.gens[slot(source, up)]++
 	if d := m.dirs[key{source, up}]; d != nil {
 		if _, in := d.byName[name]; in {
-			if d.dirty == nil {
-				d.dirty = map[string]bool{}
-			}
-			d.dirty[name] = true
+			d.markDirty(name)
 		}
 	}
 }
@@ -1000,7 +999,7 @@ func (s *Source) entriesChangedLocked(paths ...string) {
 	for _, p := range paths {
 		dir := parent(p)
 		s.meta.EntriesChanged(s.id, dir)
-		if s.persist != nil && p != "" && dir != "" {
+		if s.persist != nil && dir != "" {
 			s.persist.ForgetListing(parent(dir))
 		}
 	}
