@@ -232,6 +232,24 @@ func BeingWritten(ctx context.Context) bool {
 	return w
 }
 
+type listingProgressKey struct{}
+
+// WithListingProgress returns a context under which a listing fetched from the server
+// hands each part of itself to fn as it arrives, before ReadDir returns the whole: a
+// reader of a big directory can start before its end (package fusefs). fn runs on the
+// fetching goroutine, one part at a time. A listing answered from a cache, or fetched
+// for another caller first, is not handed out in parts; a fetch that starts over (a
+// lost connection) hands out its parts again, so fn must take each name once.
+func WithListingProgress(ctx context.Context, fn func([]Entry)) context.Context {
+	return context.WithValue(ctx, listingProgressKey{}, fn)
+}
+
+// ListingProgress is the function WithListingProgress put in ctx, or nil.
+func ListingProgress(ctx context.Context) func([]Entry) {
+	fn, _ := ctx.Value(listingProgressKey{}).(func([]Entry))
+	return fn
+}
+
 // ListingExpiry collects when the directory listings answered for one request stop
 // being trusted, for a cache above the sources (the kernel's, see package fusefs) that
 // must not keep a listing longer than muxfs itself would, and whether any of them came

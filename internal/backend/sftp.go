@@ -441,11 +441,19 @@ func (s *SFTP) Lstat(ctx context.Context, p string) (Attr, error) {
 }
 
 func (s *SFTP) ReadDir(ctx context.Context, p string) ([]Entry, error) {
-	var names []sftp.NameEntry
+	// The parts are joined once at the end: a big listing grown by append left twice
+	// its size behind as garbage, at the moment its reader makes an inode per entry.
+	var parts [][]Entry
+	progress := ListingProgress(ctx)
 	err := s.do(ctx, false, func(ctx context.Context, m *member, c *sftp.Client, _ bool) error {
-		var err error
-		names, err = c.ReadDir(ctx, m.abs(p))
-		return err
+		parts = nil // a retry lists again from the start
+		return c.ReadDirFunc(ctx, m.abs(p), func(names []sftp.NameEntry) {
+			part := s.entries(p, names)
+			parts = append(parts, part)
+			if progress != nil {
+				progress(part)
+			}
+		})
 	})
 	if err != nil {
 		return nil, s.fail(ctx, "readdir", p, err, func() syscall.Errno {
@@ -455,6 +463,23 @@ func (s *SFTP) ReadDir(ctx context.Context, p string) ([]Entry, error) {
 			return syscall.EIO
 		})
 	}
+	if len(parts) == 1 {
+		return parts[0], nil
+	}
+	n := 0
+	for _, part := range parts {
+		n += len(part)
+	}
+	out := make([]Entry, 0, n)
+	for _, part := range parts {
+		out = append(out, part...)
+	}
+	return out, nil
+}
+
+// entries turns part of p's listing into entries, leaving out (with a warning) the
+// ones whose attributes cannot be used.
+func (s *SFTP) entries(p string, names []sftp.NameEntry) []Entry {
 	out := make([]Entry, 0, len(names))
 	for _, n := range names {
 		if err := n.Attrs.Check(); err != nil {
@@ -465,7 +490,7 @@ func (s *SFTP) ReadDir(ctx context.Context, p string) ([]Entry, error) {
 		a.Nlink = n.Nlink
 		out = append(out, Entry{Name: n.Name, Attr: a})
 	}
-	return out, nil
+	return out
 }
 
 func (s *SFTP) Readlink(ctx context.Context, p string) (string, error) {

@@ -70,8 +70,10 @@ func (t *inodeTable) walk(source int, rel string, create bool) (parent *inoEntry
 	if rel == "" {
 		return nil, "", cur
 	}
-	parts := strings.Split(rel, "/")
-	for i, p := range parts {
+	// Component by component without splitting rel: this runs for every entry of
+	// every listing, and a split allocated each time.
+	for {
+		p, rest, more := strings.Cut(rel, "/")
 		next := cur.children[p]
 		if next == nil {
 			if !create {
@@ -83,12 +85,11 @@ func (t *inodeTable) walk(source int, rel string, create bool) (parent *inoEntry
 			next = &inoEntry{}
 			cur.children[p] = next
 		}
-		if i == len(parts)-1 {
+		if !more {
 			return cur, p, next
 		}
-		cur = next
+		cur, rel = next, rest
 	}
-	return nil, "", cur
 }
 
 // get returns the inode number of rel on source, allocating one on first use.

@@ -7,8 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
+	"math"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -655,14 +654,32 @@ type NameEntry struct {
 	Nlink uint32
 }
 
-// nlinkFromLongname reads the second field of "-rw-r--r--    2 user group ...".
-func nlinkFromLongname(s string) uint32 {
-	f := strings.Fields(s)
-	if len(f) < 2 {
-		return 0
+// nlinkFromLongname reads the second field of "-rw-r--r--    2 user group ...", 0 if
+// there is no such number. It does not allocate: a listing of 100,000 entries parses
+// 100,000 long names.
+func nlinkFromLongname(s []byte) uint32 {
+	space := func(c byte) bool { return c == ' ' || c == '\t' }
+	i := 0
+	for i < len(s) && space(s[i]) {
+		i++
 	}
-	n, err := strconv.ParseUint(f[1], 10, 32)
-	if err != nil {
+	for i < len(s) && !space(s[i]) { // the mode
+		i++
+	}
+	for i < len(s) && space(s[i]) {
+		i++
+	}
+	var n uint64
+	start := i
+	for ; i < len(s) && !space(s[i]); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0
+		}
+		if n = n*10 + uint64(s[i]-'0'); n > math.MaxUint32 {
+			return 0
+		}
+	}
+	if i == start {
 		return 0
 	}
 	return uint32(n)
@@ -695,7 +712,7 @@ func parseNames(data []byte) ([]NameEntry, error) {
 	out := make([]NameEntry, 0, n)
 	for i := uint32(0); i < n; i++ {
 		name := rd.str()
-		long := rd.str()
+		long := rd.bytes()
 		a := rd.attrs()
 		if rd.err != nil {
 			return nil, rd.err
@@ -973,17 +990,26 @@ const (
 )
 
 // ReadDir lists a whole directory, with the attributes the server sends for each entry.
+func (c *Client) ReadDir(ctx context.Context, path string) ([]NameEntry, error) {
+	var all []NameEntry
+	if err := c.ReadDirFunc(ctx, path, func(batch []NameEntry) { all = append(all, batch...) }); err != nil {
+		return nil, err
+	}
+	return all, nil
+}
+
+// ReadDirFunc lists a whole directory, handing each answer's entries to fn as it
+// arrives, in the order of the directory: a big listing can be used before its end.
 // The opendir/readdir/close sequence is pipelined: the CLOSE is sent without waiting,
 // and READDIRs keep going out ahead of the answers (readdirStart, readdirMax). The
 // server answers requests on one handle in order, so the answers come in the order of
-// the directory.
-func (c *Client) ReadDir(ctx context.Context, path string) ([]NameEntry, error) {
+// the directory. On an error, fn has seen part of the listing.
+func (c *Client) ReadDirFunc(ctx context.Context, path string, fn func([]NameEntry)) error {
 	h, err := c.Opendir(ctx, path)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var (
-		all      []NameEntry
 		inFlight []*call
 		window   = readdirStart
 		eof      bool
@@ -1020,7 +1046,7 @@ func (c *Client) ReadDir(ctx context.Context, path string) ([]NameEntry, error) 
 				firstErr = fmt.Errorf("sftp readdir %s: %w", path, err)
 				break
 			}
-			all = append(all, batch...)
+			fn(batch)
 			window = min(window+1, readdirMax)
 		}
 	}
@@ -1033,10 +1059,7 @@ func (c *Client) ReadDir(ctx context.Context, path string) ([]NameEntry, error) 
 		}()
 	}
 	c.CloseAsync(h)
-	if firstErr != nil {
-		return nil, firstErr
-	}
-	return all, nil
+	return firstErr
 }
 
 // CloseAsync closes a handle whose close result cannot change the caller's outcome (a

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -772,5 +773,53 @@ func TestReadDirBigAgainstOpenSSH(t *testing.T) {
 	}
 	if len(want) > 0 {
 		t.Errorf("%d names not listed", len(want))
+	}
+	for _, e := range list {
+		if e.Name != "." && e.Name != ".." && e.Nlink != 1 {
+			t.Fatalf("%q: link count %d from the long name, want 1", e.Name, e.Nlink)
+		}
+	}
+	// In parts, as each answer arrives: the same listing, in the same order.
+	var parts [][]NameEntry
+	if err := c.ReadDirFunc(context.Background(), dir, func(part []NameEntry) { parts = append(parts, part) }); err != nil {
+		t.Fatal(err)
+	}
+	if len(parts) < files/100 {
+		t.Errorf("listing handed out in %d parts, want one per answer (at least %d)", len(parts), files/100)
+	}
+	var joined []string
+	for _, part := range parts {
+		for _, e := range part {
+			joined = append(joined, e.Name)
+		}
+	}
+	var whole []string
+	for _, e := range list {
+		whole = append(whole, e.Name)
+	}
+	if !slices.Equal(joined, whole) {
+		t.Errorf("the parts hold %d names, not the %d of the whole listing in its order", len(joined), len(whole))
+	}
+}
+
+func TestNlinkFromLongname(t *testing.T) {
+	for long, want := range map[string]uint32{
+		"-rw-r--r--    2 user group 0 Jan  1 00:00 name": 2,
+		"drwxr-xr-x  123 u g 4096 Jan  1 00:00 dir":      123,
+		"-rw-r--r--\t7\tu":        7,
+		"  -rw-r--r-- 1 u":        1,
+		"-rw-r--r-- 4294967295 u": 4294967295,
+		"-rw-r--r-- 4294967296 u": 0, // beyond 32 bits
+		"-rw-r--r-- 2x u":         0,
+		"-rw-r--r--":              0,
+		"-rw-r--r--   ":           0,
+		"":                        0,
+	} {
+		if got := nlinkFromLongname([]byte(long)); got != want {
+			t.Errorf("nlinkFromLongname(%q) = %d, want %d", long, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { nlinkFromLongname([]byte("-rw-r--r--    2 user group")) }); n != 0 {
+		t.Errorf("nlinkFromLongname allocates %v times", n)
 	}
 }
