@@ -60,7 +60,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		// (CAP_ATOMIC_O_TRUNC, fs.go): the other handles' views shrink with it, and
 		// the set-ID bits go as a truncation's would (dropsPrivs).
 		trunc := backend.SetAttr{Valid: backend.SetSize}
-		n.changes.Add(1)
+		n.fst().changes.Add(1)
 		n.otherNamesChanged()
 		n.applyToViews(trunc)
 		if m, ok := withoutPrivs(f.OpenedAttr().Mode); ok && dropsPrivs(ctx, trunc) {
@@ -129,34 +129,36 @@ const (
 // pagedMax(): of a larger one, most pages have left memory by the time it is read
 // again, and passthrough reads the rest faster than READs through muxfs.
 func (n *node) openMode(passthrough, keep bool, a backend.Attr) int {
+	f := n.fst()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if !keep {
-		n.paged = false
+		f.paged = false
 	}
-	same := n.ptOpen == 0 || sameVersion(n.ptAttr, a)
-	paged := keep && n.paged && n.ptOpen == 0 && a.Size <= pagedMax()
+	same := f.ptOpen == 0 || sameVersion(f.ptAttr, a)
+	paged := keep && f.paged && f.ptOpen == 0 && a.Size <= pagedMax()
 	switch {
-	case passthrough && n.cachedOpen == 0 && same && !paged:
-		n.ptOpen++
-		n.ptAttr = a
+	case passthrough && f.cachedOpen == 0 && same && !paged:
+		f.ptOpen++
+		f.ptAttr = a
 		return modePassthrough
-	case n.ptOpen > 0:
+	case f.ptOpen > 0:
 		return modeDirect
 	}
-	n.cachedOpen++
+	f.cachedOpen++
 	return modeCached
 }
 
 // closedMode uncounts a released handle.
 func (n *node) closedMode(mode int) {
+	f := n.fst()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	switch mode {
 	case modeCached:
-		n.cachedOpen--
+		f.cachedOpen--
 	case modePassthrough:
-		n.ptOpen--
+		f.ptOpen--
 	}
 }
 
@@ -218,9 +220,10 @@ func asFileHandle(fh fs.FileHandle) *fileHandle {
 // SFTP v3 times are whole seconds: a same-size change within the second of the last
 // one goes unseen, as with NFS and sshfs' auto_cache.
 func (n *node) keepCache(a backend.Attr) bool {
+	f := n.fst()
 	n.mu.Lock()
-	known := n.seenValid
-	changed := known && !sameVersion(n.seen, a)
+	known := f.seenValid
+	changed := known && !sameVersion(f.seen, a)
 	n.seeLocked(a)
 	n.mu.Unlock()
 	if changed {
@@ -232,13 +235,13 @@ func (n *node) keepCache(a backend.Attr) bool {
 // addHandle registers an open file with its node, so that other operations on the
 // node can wait for its writes.
 func (n *node) addHandle(f backend.File, flags int) *fileHandle {
-	h := &fileHandle{f: f, n: n, writable: writes(flags), appending: flags&os.O_APPEND != 0, attr: f.OpenedAttr()}
+	h := &fileHandle{f: f, n: n, st: n.fst(), writable: writes(flags), appending: flags&os.O_APPEND != 0, attr: f.OpenedAttr()}
 	if h.writable {
 		n.mu.Lock()
-		if n.writers == nil {
-			n.writers = map[*fileHandle]struct{}{}
+		if h.st.writers == nil {
+			h.st.writers = map[*fileHandle]struct{}{}
 		}
-		n.writers[h] = struct{}{}
+		h.st.writers[h] = struct{}{}
 		n.mu.Unlock()
 	}
 	return h
@@ -246,10 +249,14 @@ func (n *node) addHandle(f backend.File, flags int) *fileHandle {
 
 // writerHandles is a copy of the set of handles open for writing.
 func (n *node) writerHandles() []*fileHandle {
+	f := n.file.Load()
+	if f == nil {
+		return nil
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	hs := make([]*fileHandle, 0, len(n.writers))
-	for h := range n.writers {
+	hs := make([]*fileHandle, 0, len(f.writers))
+	for h := range f.writers {
 		hs = append(hs, h)
 	}
 	return hs
@@ -258,9 +265,10 @@ func (n *node) writerHandles() []*fileHandle {
 // applyToViews records a change of attributes the server has made in the view of
 // every handle writing the file (see viewMu).
 func (n *node) applyToViews(set backend.SetAttr) {
-	n.viewMu.Lock()
-	defer n.viewMu.Unlock()
-	n.viewChanges++
+	f := n.fst()
+	f.viewMu.Lock()
+	defer f.viewMu.Unlock()
+	f.viewChanges++
 	for _, h := range n.writerHandles() {
 		h.applied(set)
 	}
@@ -273,8 +281,12 @@ func (n *node) writersAttr() (a backend.Attr, ok bool) {
 	// to the others, and a stat between the two answered the size from before its
 	// writes (seen in the fsx test under CPU load: a file read whole right after a
 	// close ended where another descriptor's last write did).
-	n.viewMu.Lock()
-	defer n.viewMu.Unlock()
+	f := n.file.Load()
+	if f == nil {
+		return a, false // never opened: no writer
+	}
+	f.viewMu.Lock()
+	defer f.viewMu.Unlock()
 	for _, h := range n.writerHandles() {
 		ha := h.localAttr()
 		if !ok || ha.Size > a.Size {
@@ -294,9 +306,13 @@ func (n *node) writersAttr() (a backend.Attr, ok bool) {
 // write, fsync or close), not the caller's. It reports whether there was any such
 // handle.
 func (n *node) drainWriters(ctx context.Context, except *fileHandle) (found bool) {
+	f := n.file.Load()
+	if f == nil {
+		return false // never opened: no writer
+	}
 	var others []*fileHandle // nil, with no allocation, for a file with one writer
 	n.mu.Lock()
-	for h := range n.writers {
+	for h := range f.writers {
 		if h != except {
 			others = append(others, h)
 		}
@@ -313,12 +329,13 @@ func (n *node) drainWriters(ctx context.Context, except *fileHandle) (found bool
 type fileHandle struct {
 	f         backend.File
 	n         *node
+	st        *fileState // n's
 	writable  bool
 	appending bool
 	mode      int // modeCached, modeDirect or modePassthrough
 	// paging: the kernel has read or written pages through this (page-cached) handle.
 	paging atomic.Bool
-	// changes: the node's count of changes (node.changes) when this handle last read.
+	// changes: the node's count of changes (fileState.changes) when this handle last read.
 	changes atomic.Uint64
 
 	// For a handle open for writing: the file as its writes have made it, so that the
@@ -406,7 +423,7 @@ var _ = (fs.FileReader)((*fileHandle)(nil))
 func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	ctx = uninterruptible(ctx)
 	h.n.drainWriters(ctx, h)
-	if c := h.n.changes.Load(); h.changes.Swap(c) != c {
+	if c := h.st.changes.Load(); h.changes.Swap(c) != c {
 		h.f.Changed()
 	}
 	n, err := h.f.ReadAt(ctx, dest, off)
@@ -416,7 +433,7 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	if h.mode == modeCached && !h.paging.Load() {
 		h.paging.Store(true)
 		h.n.mu.Lock()
-		h.n.paged = true
+		h.st.paged = true
 		h.n.mu.Unlock()
 	}
 	return fuse.ReadResultData(dest[:n]), 0
@@ -426,10 +443,10 @@ var _ = (fs.FileWriter)((*fileHandle)(nil))
 
 func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	ctx = uninterruptible(ctx)
-	h.n.statMu.RLock()
-	defer h.n.statMu.RUnlock()
+	h.st.statMu.RLock()
+	defer h.st.statMu.RUnlock()
 	h.n.drainWriters(ctx, h)
-	h.n.changes.Add(1)
+	h.st.changes.Add(1)
 	h.sending()
 	n, err := h.f.WriteAt(ctx, data, off)
 	if err != nil {
@@ -478,21 +495,21 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 // than the server's.
 func (h *fileHandle) settle(ctx context.Context) (backend.Attr, error) {
 	for range 3 {
-		h.n.viewMu.Lock()
-		seen := h.n.viewChanges
-		h.n.viewMu.Unlock()
+		h.st.viewMu.Lock()
+		seen := h.st.viewChanges
+		h.st.viewMu.Unlock()
 		a, err := h.statWritten(ctx)
 		if err != nil {
 			return a, err
 		}
-		h.n.viewMu.Lock()
-		adopted := h.n.viewChanges == seen
+		h.st.viewMu.Lock()
+		adopted := h.st.viewChanges == seen
 		if adopted {
 			h.mu.Lock()
 			h.attr = a
 			h.mu.Unlock()
 		}
-		h.n.viewMu.Unlock()
+		h.st.viewMu.Unlock()
 		if adopted {
 			return a, nil
 		}
@@ -503,8 +520,8 @@ func (h *fileHandle) settle(ctx context.Context) (backend.Attr, error) {
 // statWritten flushes the handle and asks the server for the file's attributes,
 // once the writes of the node's other handles are in too (see node.statMu).
 func (h *fileHandle) statWritten(ctx context.Context) (backend.Attr, error) {
-	h.n.statMu.Lock()
-	defer h.n.statMu.Unlock()
+	h.st.statMu.Lock()
+	defer h.st.statMu.Unlock()
 	h.n.drainWriters(ctx, h)
 	return h.f.Stat(ctx)
 }
@@ -517,7 +534,7 @@ func (h *fileHandle) written(a backend.Attr) {
 	defer h.n.mu.Unlock()
 	h.n.seeLocked(a)
 	if h.paging.Load() {
-		h.n.paged = true
+		h.st.paged = true
 	}
 }
 
@@ -544,14 +561,14 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	h.use.Unlock()
 	if h.writable {
 		err := h.f.Close(ctx)
-		h.n.viewMu.Lock()
-		defer h.n.viewMu.Unlock()
+		h.st.viewMu.Lock()
+		defer h.st.viewMu.Unlock()
 		// As the last flush found the file (written), or as its open did if it
 		// was never written to.
 		a := h.localAttr()
 		h.written(a)
 		h.n.mu.Lock()
-		delete(h.n.writers, h)
+		delete(h.st.writers, h)
 		h.n.mu.Unlock()
 		if testHookHandOn != nil {
 			testHookHandOn()
