@@ -165,7 +165,11 @@ func (h *dirHandle) load(ctx context.Context) syscall.Errno {
 	for _, err := range errs {
 		// A member whose directory vanished drops out of the merge.
 		if err != nil && !(len(dirs) > 1 && backend.ToErrno(err) == syscall.ENOENT) {
-			return n.fsys.toErrno(err)
+			// Ended, so that a read of the handle after a failed rewind gets the
+			// error rather than waiting for entries that will not come.
+			errno := n.fsys.toErrno(err)
+			h.finish(gen, &expiry, errno)
+			return errno
 		}
 	}
 	for k, list := range lists {
