@@ -329,7 +329,7 @@ func (n *node) drainWriters(ctx context.Context, except *fileHandle) (found bool
 type fileHandle struct {
 	f         backend.File
 	n         *node
-	st        *fileState // n's
+	st        *fileState // n's file state, made at the latest by this handle's open
 	writable  bool
 	appending bool
 	mode      int // modeCached, modeDirect or modePassthrough

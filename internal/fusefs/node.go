@@ -34,14 +34,15 @@ type node struct {
 
 // fileState is what a node holds once its file is opened or changed through the
 // mount. It is kept apart because a listing makes a node for every entry, and most
-// are never opened: in a node it made each 440 bytes (a directory of 100,000 files
-// listed with `ls -l` took 45 MB of nodes), about 190 without it. seen, seenValid,
+// are never opened: with it inside, a node took 440 bytes (a directory of 100,000
+// files listed with `ls -l` took 45 MB of nodes), 200 without. seen, seenValid,
 // writers, paged and the open counts are guarded by the node's mu.
 type fileState struct {
 	// The version (size, mtime) the file's pages in the kernel's cache are of, and the
-	// handles open for writing (their writes may still be in flight). Only an open (keepCache, which drops the pages when the server's version differs) and
-	// the mount's own writes set it; a stat does not, since the kernel keeps a file's
-	// pages whatever attributes it is told (muxfs invalidates them explicitly).
+	// handles open for writing (their writes may still be in flight). Only an open
+	// (keepCache, which drops the pages when the server's version differs) and the
+	// mount's own writes set the version; a stat does not, since the kernel keeps a
+	// file's pages whatever attributes it is told (muxfs invalidates them explicitly).
 	seen      backend.Attr
 	seenValid bool
 	writers   map[*fileHandle]struct{}
