@@ -194,3 +194,38 @@ func TestBigListingFailsPartWay(t *testing.T) {
 		t.Errorf("a listing failed before it was read: %v, want EIO", err)
 	}
 }
+
+// TestListedNameRenamedBeforeLookup: a listing hands the kernel the inode numbers it
+// took when it arrived, but a file renamed through the mount in between takes its
+// number with it. The old name, still in the listing, must then not get the renamed
+// file's number (the kernel would show the two names as one file).
+func TestListedNameRenamedBeforeLookup(t *testing.T) {
+	b := &inParts{hold: 2 * streamAfter}
+	mp, names := bigDirMounted(t, b, 3000)
+	f, err := os.Open(filepath.Join(mp, "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.ReadDir(100); err != nil {
+		t.Fatal(err)
+	}
+	<-b.held
+	// The last entry before the hold has its number from the listing, and the kernel
+	// has not looked it up yet (it reads a few dozen entries ahead of the reader).
+	old, renamed := filepath.Join(mp, "big", "out-01999"), filepath.Join(mp, "big", "renamed")
+	if err := os.Rename(old, renamed); err != nil {
+		t.Fatal(err)
+	}
+	close(b.release)
+	if err := readNames(f, names, map[string]bool{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var st, rst syscall.Stat_t
+	if err := syscall.Lstat(renamed, &rst); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Lstat(old, &st); err == nil && st.Ino == rst.Ino {
+		t.Errorf("the old name, listed before the rename, has the renamed file's number %d", st.Ino)
+	}
+}

@@ -1,8 +1,6 @@
 package fusefs
 
 import (
-	"encoding/binary"
-	"hash/fnv"
 	"strings"
 	"sync"
 
@@ -32,6 +30,9 @@ type inodeTable struct {
 	// linked holds the numbers given to a second path (alias): only these can have
 	// other names to look for (names).
 	linked map[uint64]struct{}
+	// moves counts the changes that give a path already in the table another number
+	// (forget, move, alias); numbers taken while it stays the same are still current.
+	moves uint64
 }
 
 type inoEntry struct {
@@ -49,12 +50,30 @@ func newInodeTable() *inodeTable {
 // hashIno is rel's number on source if no other file has it yet: FNV-1a over both,
 // without the top bit.
 func hashIno(source int, rel string) uint64 {
-	h := fnv.New64a()
-	var b [8]byte
-	binary.LittleEndian.PutUint64(b[:], uint64(source))
-	h.Write(b[:])
-	h.Write([]byte(rel))
-	return h.Sum64() &^ (1 << 63)
+	return fnvString(fnvSource(source), rel) &^ (1 << 63)
+}
+
+// FNV-1a, 64 bits, written out so that a listing hashes its directory's path once and
+// only each name after it (getIn). hash/fnv gives the same sums.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// fnvSource starts a path's hash with its source, as 8 little-endian bytes.
+func fnvSource(source int) uint64 {
+	h := uint64(fnvOffset)
+	for i := 0; i < 8; i++ {
+		h = (h ^ uint64(source)>>(8*i)&0xff) * fnvPrime
+	}
+	return h
+}
+
+func fnvString(h uint64, s string) uint64 {
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint64(s[i])) * fnvPrime
+	}
+	return h
 }
 
 // walk returns the entry for rel under source, creating entries when create is set.
@@ -97,16 +116,62 @@ func (t *inodeTable) get(source int, rel string) uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	_, _, e := t.walk(source, rel, true)
-	if e.ino == 0 {
-		n := hashIno(source, rel)
-		if _, taken := t.used[n]; taken || n == 0 {
-			n = t.next
-			t.next++
-		}
-		t.used[n] = struct{}{}
-		e.ino = n
-	}
+	t.number(e, func() uint64 { return hashIno(source, rel) })
 	return e.ino
+}
+
+// getIn puts in inos the numbers of the names in directory dir on source, as get
+// would give each path. A listing calls it once per part: the directory is walked and
+// its path hashed once, not once per name.
+func (t *inodeTable) getIn(source int, dir string, names []string, inos []uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, _, d := t.walk(source, dir, true)
+	prefix := fnvSource(source)
+	if dir != "" {
+		prefix = fnvString(fnvString(prefix, dir), "/")
+	}
+	if d.children == nil {
+		d.children = make(map[string]*inoEntry, len(names))
+	}
+	for k, name := range names {
+		e := d.children[name]
+		if e == nil {
+			e = &inoEntry{}
+			d.children[name] = e
+		}
+		t.number(e, func() uint64 { return fnvString(prefix, name) &^ (1 << 63) })
+		inos[k] = e.ino
+	}
+}
+
+// number gives e its number if it has none: its path's hash, or the counter's next
+// if that hash was handed out before.
+func (t *inodeTable) number(e *inoEntry, hash func() uint64) {
+	if e.ino != 0 {
+		return
+	}
+	n := hash()
+	if _, taken := t.used[n]; taken || n == 0 {
+		n = t.next
+		t.next++
+	}
+	t.used[n] = struct{}{}
+	e.ino = n
+}
+
+// movesNow is the count of moves so far, for a listing about to take numbers.
+func (t *inodeTable) movesNow() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.moves
+}
+
+// moved reports whether a path may have changed number since getIn returned moves.
+func (t *inodeTable) moved(moves uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.moves != moves
 }
 
 // forget drops rel (and everything below it): a new file there gets a new number, as
@@ -116,6 +181,7 @@ func (t *inodeTable) forget(source int, rel string) {
 	defer t.mu.Unlock()
 	if parent, name, e := t.walk(source, rel, false); e != nil && parent != nil {
 		delete(parent.children, name)
+		t.moves++
 	}
 }
 
@@ -128,6 +194,7 @@ func (t *inodeTable) move(source int, from, to string) {
 		return
 	}
 	delete(parent.children, name)
+	t.moves++
 	if np, nn, _ := t.walk(source, to, true); np != nil {
 		np.children[nn] = e
 	}
@@ -139,6 +206,7 @@ func (t *inodeTable) alias(source int, rel string, ino uint64) {
 	defer t.mu.Unlock()
 	_, _, e := t.walk(source, rel, true)
 	e.ino = ino
+	t.moves++
 	if t.linked == nil {
 		t.linked = map[uint64]struct{}{}
 	}

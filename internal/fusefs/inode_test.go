@@ -1,7 +1,9 @@
 package fusefs
 
 import (
+	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,6 +36,78 @@ func TestInodeTable(t *testing.T) {
 	tab.alias(0, "moved/hardlink", dir)
 	if tab.get(0, "moved/hardlink") != dir {
 		t.Error("alias")
+	}
+}
+
+// TestInodeHashUnchanged: a path's number is what earlier versions gave it (FNV-1a of
+// the source as 8 little-endian bytes, then the path), or every tracked file of a git
+// checkout on the mount would be read again after an upgrade.
+func TestInodeHashUnchanged(t *testing.T) {
+	for _, c := range []struct {
+		source int
+		rel    string
+	}{{0, ""}, {0, "src/main.go"}, {3, "a"}, {-1, "junction/dir"}, {1 << 40, "ä/ö"}} {
+		h := fnv.New64a()
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], uint64(c.source))
+		h.Write(b[:])
+		h.Write([]byte(c.rel))
+		if want, got := h.Sum64()&^(1<<63), hashIno(c.source, c.rel); got != want {
+			t.Errorf("source %d, %q: %d, want %d", c.source, c.rel, got, want)
+		}
+	}
+}
+
+// TestInodeGetIn: a listing's numbers, taken a directory at a time, are those get
+// gives each path, in the root and below it, for new names, names seen before and a
+// name whose hash was handed out already; and only changes that can move a number
+// count as moves.
+func TestInodeGetIn(t *testing.T) {
+	byPath, byDir := newInodeTable(), newInodeTable()
+	// A number already given to another file: the path must get one from the counter.
+	taken := hashIno(0, "d/taken")
+	byPath.used[taken], byDir.used[taken] = struct{}{}, struct{}{}
+	want := map[string]uint64{}
+	for _, p := range []string{"d/seen", "d/taken", "d/new", "top", "d"} {
+		want[p] = byPath.get(0, p)
+	}
+	byDir.get(0, "d/seen")
+	moves := byDir.movesNow()
+	for _, c := range []struct {
+		dir   string
+		names []string
+	}{{"d", []string{"seen", "taken", "new"}}, {"", []string{"top", "d"}}} {
+		inos := make([]uint64, len(c.names))
+		byDir.getIn(0, c.dir, c.names, inos)
+		for k, name := range c.names {
+			p := name
+			if c.dir != "" {
+				p = c.dir + "/" + name
+			}
+			if inos[k] != want[p] {
+				t.Errorf("%q: %d by directory, %d by path", p, inos[k], want[p])
+			}
+			if byDir.get(0, p) != inos[k] {
+				t.Errorf("%q: getIn's number is not the table's", p)
+			}
+		}
+	}
+	if want["d/taken"] == taken {
+		t.Error("a hash handed out before was given again")
+	}
+	if byDir.moved(moves) {
+		t.Error("taking numbers counted as a move")
+	}
+	for _, change := range []func(){
+		func() { byDir.move(0, "d/new", "d/newer") },
+		func() { byDir.forget(0, "top") },
+		func() { byDir.alias(0, "d/link", want["d/seen"]) },
+	} {
+		change()
+		if !byDir.moved(moves) {
+			t.Error("a rename, delete or link was not counted as a move")
+		}
+		moves = byDir.movesNow()
 	}
 }
 

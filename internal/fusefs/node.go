@@ -213,14 +213,10 @@ func (f *FS) resolve(ctx context.Context, vp string) (l *mux.Layer, rel string, 
 }
 
 // child makes (or finds again) the inode for name below n from a resolution.
-func (n *node) child(ctx context.Context, name, vp string, l *mux.Layer, rel string, found mux.Found, synthetic bool, out *fuse.EntryOut) *fs.Inode {
-	var ino uint64
+func (n *node) child(ctx context.Context, name string, ino uint64, found mux.Found, synthetic bool, out *fuse.EntryOut) *fs.Inode {
 	attr := found.Attr
 	if synthetic {
-		ino = n.fsys.inodes.get(-1, vp[1:])
 		attr = n.fsys.syntheticAttr()
-	} else {
-		ino = n.fsys.inodes.get(l.Branches[found.Index].ID, rel)
 	}
 	id := fs.StableAttr{Mode: attr.Type(), Ino: ino}
 	// The node the kernel already has for this name must take the new resolution (a
@@ -257,7 +253,16 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	if err != nil {
 		return nil, n.fsys.toErrno(err)
 	}
-	return n.child(ctx, name, vp, l, rel, found, synthetic, out), 0
+	return n.child(ctx, name, n.fsys.inoOf(vp, l, rel, found, synthetic), found, synthetic, out), 0
+}
+
+// inoOf is the inode number of the path vp, resolved to rel on l's member found.Index
+// or, if synthetic (a directory of the mount table alone), of vp itself.
+func (f *FS) inoOf(vp string, l *mux.Layer, rel string, found mux.Found, synthetic bool) uint64 {
+	if synthetic {
+		return f.inodes.get(-1, vp[1:])
+	}
+	return f.inodes.get(l.Branches[found.Index].ID, rel)
 }
 
 var _ = (fs.NodeGetattrer)((*node)(nil))
