@@ -105,18 +105,26 @@ func readNames(f *os.File, want, seen map[string]bool, read chan<- int) error {
 	}
 }
 
+// openHeldListing mounts directory "big" of 3,000 files whose listing is held after
+// 2,000 entries until b.release is closed, and opens it (closed at the test's end).
+func openHeldListing(t *testing.T) (b *inParts, mp string, names map[string]bool, f *os.File) {
+	t.Helper()
+	b = &inParts{hold: 2 * streamAfter}
+	mp, names = bigDirMounted(t, b, 3000)
+	f, err := os.Open(filepath.Join(mp, "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return b, mp, names, f
+}
+
 // TestBigListingReadWhileArriving: the kernel reads a big listing while the rest of
 // it is still on its way from the server (`ls -f` of a directory of 100,000 files
 // waited about 1 s for the whole before its first entry, and only then did the
 // kernel's inodes get made), and the whole listing arrives, each name once.
 func TestBigListingReadWhileArriving(t *testing.T) {
-	b := &inParts{hold: 2 * streamAfter}
-	mp, names := bigDirMounted(t, b, 3000)
-	f, err := os.Open(filepath.Join(mp, "big"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	b, _, names, f := openHeldListing(t)
 	seen := map[string]bool{}
 	read := make(chan int, 100)
 	done := make(chan error, 1)
@@ -200,13 +208,7 @@ func TestBigListingFailsPartWay(t *testing.T) {
 // number with it. The old name, still in the listing, must then not get the renamed
 // file's number (the kernel would show the two names as one file).
 func TestListedNameRenamedBeforeLookup(t *testing.T) {
-	b := &inParts{hold: 2 * streamAfter}
-	mp, names := bigDirMounted(t, b, 3000)
-	f, err := os.Open(filepath.Join(mp, "big"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	b, mp, names, f := openHeldListing(t)
 	if _, err := f.ReadDir(100); err != nil {
 		t.Fatal(err)
 	}
