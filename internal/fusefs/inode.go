@@ -167,7 +167,7 @@ func (t *inodeTable) movesNow() uint64 {
 	return t.moves
 }
 
-// moved reports whether a path may have changed number since getIn returned moves.
+// moved reports whether a path may have changed number since movesNow returned moves.
 func (t *inodeTable) moved(moves uint64) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
