@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -17,7 +18,7 @@ var (
 	failLine = regexp.MustCompile(`^\S+ (\S+) (\S+) (\S+): (.*)$`)
 	// A rep line is summary's output: "name=value+unit" pairs joined by spaces, the
 	// names free text without "=" (spaces, apostrophes, commas).
-	valueRe = regexp.MustCompile(`\s*([^=]+?)=([0-9.e+]+)(MB/s|MB|IOPS|files/s|s)(?:\s|$)`)
+	valueRe = regexp.MustCompile(`\s*([^=]+?)=([0-9.e+]+)(` + unitsRe() + `)(?:\s|$)`)
 	// The host's steal during a measurement kept ("... (steal 0.4%)" at the end of a
 	// rep line), a measurement taken again ("... rep 1 retaken, steal 12.3%: ..."),
 	// and the run's limit ("max steal: 5%, 2 retakes").
@@ -25,6 +26,17 @@ var (
 	retakenRe  = regexp.MustCompile(`^\S+ \S+ \S+ \S+ rep \d+ retaken, steal `)
 	maxStealRe = regexp.MustCompile(` max steal: ([0-9.]+)%`)
 )
+
+// unitsRe matches every unit of units: a unit missing here would make the value
+// before it part of the next reading's name.
+func unitsRe() string {
+	var us []string
+	for u := range units {
+		us = append(us, regexp.QuoteMeta(u))
+	}
+	sort.Strings(us)
+	return strings.Join(us, "|")
+}
 
 // loadLog rebuilds the results of a run from its log, so that a report can be written
 // for a run that was stopped before it ended. Values carry the log's 3 significant

@@ -22,6 +22,9 @@ func TestLogRoundTrip(t *testing.T) {
 		{"randread", "IOPS", 10564, true},
 		{memoryMetric, "MB", 61.2, false},
 		{memoryMetric + " of a big mount", "MB", 1234, false},
+		{"stat while reading", "ms", 54.6, false},
+		{"items sent again", "items", 3, false},
+		{"read", "MB/s", 12.3, true},
 	}
 	line := fmt.Sprintf("18:19:41 %v warm muxfs rep 1: %s\n", 2*time.Millisecond, summary(res))
 	const machine = "2 cores, 24683656 kB RAM, Linux 6.18.44, OpenSSH_9.2p1"

@@ -48,9 +48,13 @@ type store struct {
 // speeds, leave it out.
 const memoryMetric = "peak RSS"
 
-// lowerIsBetter says whether a reading in unit is better the smaller it is: a time or
-// an amount of memory, where the rest are rates.
-func lowerIsBetter(unit string) bool { return unit == "s" || unit == "MB" }
+// units are every unit a reading is logged in, each saying whether a reading in it is
+// better the smaller it is: a time, an amount of memory, a count of things redone,
+// where the rest are rates. The run's log is read back by them (fromlog.go).
+var units = map[string]bool{"s": true, "ms": true, "MB": true, "items": true, "MB/s": false, "IOPS": false, "files/s": false}
+
+// lowerIsBetter says whether a reading in unit is better the smaller it is.
+func lowerIsBetter(unit string) bool { return units[unit] }
 
 func newStore() *store {
 	return &store{values: map[cellKey][]float64{}, units: map[string]string{}, higher: map[string]bool{},
