@@ -25,6 +25,17 @@ import (
 // time, and the limit never leaves fewer than two in flight; what it gives up is a
 // write striped over several sessions of such a server on a long link.
 
+// A narrow link and a long one that is bound by its windows both deliver under
+// paceMaxRate; the product of the rate and the shortest latency tells them apart. A
+// link bound by OpenSSH's 2 MiB channel window carries about one window per round trip,
+// so its product is about a window (2 MB at 200 ms: 10 MB/s times 0.2 s), where the
+// narrow workload's link (100 Mbit/s, 20 ms) shows about 0.5 MB. From paceWindowBound
+// on, a write stripes (noteWriteLocked) as on a fast link. A link that is narrow as
+// well as long (100 Mbit/s at 200 ms shows 2.6 MB) stripes too, and loses nothing: the
+// limit bounds what the file has in flight over all its handles together, so more
+// windows queue no more than one, and they gain where the product exceeds one window.
+const paceWindowBound = 1 << 20 // half a window: between the two kinds, with room each way
+
 // paceMaxRate is in bytes per second; a variable for tests (those of striping, whose
 // pipes to a local sftp-server run at narrow rates under the race detector).
 var paceMaxRate = 40e6
@@ -109,12 +120,26 @@ func (p *pace) reading(at time.Time, total int64) {
 func (p *pace) limit() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	best := 0.0
-	for _, r := range p.rates[:min(p.n, paceSamples)] {
-		best = max(best, r)
-	}
+	best := p.bestLocked()
 	if best == 0 || best >= paceMaxRate || p.minLat == 0 {
 		return 0
 	}
 	return int(paceGain * best * p.minLat.Seconds())
+}
+
+// windowBound tells whether the link may be bound by its SSH windows rather than by
+// its bandwidth: its best rate times its shortest latency is paceWindowBound or more.
+func (p *pace) windowBound() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.bestLocked()*p.minLat.Seconds() >= paceWindowBound
+}
+
+// bestLocked is the best rate measured lately, in bytes per second. The caller holds p.mu.
+func (p *pace) bestLocked() float64 {
+	best := 0.0
+	for _, r := range p.rates[:min(p.n, paceSamples)] {
+		best = max(best, r)
+	}
+	return best
 }

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -73,15 +74,58 @@ func TestPaceLimit(t *testing.T) {
 	}
 }
 
-// narrowLinkEnv: the test binary, started with it set to a rate in bytes per second, is
-// an SFTP session over a link of that rate each way: OpenSSH's sftp-server behind
-// pipes that pass its input and its output no faster.
+// TestPaceWindowBound: a long link that carries one SSH window per round trip is told
+// from a narrow one by its rate times its latency, though both deliver under
+// paceMaxRate; a link not yet measured is neither.
+func TestPaceWindowBound(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var long pace // 200 ms: a 2 MiB window per round trip, arriving over 100 ms
+	long.chunk(t0, t0.Add(203*time.Millisecond))
+	var total int64
+	tt := t0
+	for i := 0; i < 10; i++ {
+		tt = paceAt(&long, tt, &total, 20e6, time.Millisecond, 100*time.Millisecond)
+		tt = paceAt(&long, tt, &total, 0, time.Millisecond, 100*time.Millisecond)
+	}
+	if l := long.limit(); l == 0 {
+		t.Errorf("no limit on a long link delivering %.1f MB/s: it would stripe anyway", float64(total)/tt.Sub(t0).Seconds()/1e6)
+	}
+	if !long.windowBound() {
+		t.Error("a link carrying one window per 200 ms is not found window-bound")
+	}
+
+	var narrow pace // 100 Mbit/s, 20 ms: a 255 KiB chunk's latency is 41 ms
+	narrow.chunk(t0, t0.Add(41*time.Millisecond))
+	total = 0
+	paceAt(&narrow, t0, &total, 12.5e6, 5*time.Millisecond, time.Second)
+	if narrow.windowBound() {
+		t.Error("a 100 Mbit/s link at 20 ms found window-bound")
+	}
+
+	var unmeasured pace
+	unmeasured.chunk(t0, t0.Add(200*time.Millisecond))
+	if unmeasured.windowBound() {
+		t.Error("a link with no rate yet found window-bound")
+	}
+}
+
+// narrowLinkEnv: the test binary, started with it set to a rate in bytes per second
+// and optionally ",DELAY" (a duration), is an SFTP session over a link of that rate and
+// that delay each way: OpenSSH's sftp-server behind pipes that pass its input and its
+// output no faster and no sooner.
 const narrowLinkEnv = "MUXFS_TEST_NARROW_LINK"
 
-func narrowLink(rate string) {
+func narrowLink(spec string) {
+	rate, delayText, _ := strings.Cut(spec, ",")
 	bps, err := strconv.ParseFloat(rate, 64)
 	if err != nil || bps <= 0 {
 		os.Exit(2)
+	}
+	var delay time.Duration
+	if delayText != "" {
+		if delay, err = time.ParseDuration(delayText); err != nil {
+			os.Exit(2)
+		}
 	}
 	srv := exec.Command(sftpServer)
 	in, _ := srv.StdinPipe()
@@ -90,27 +134,40 @@ func narrowLink(rate string) {
 		os.Exit(1)
 	}
 	go func() {
-		throttle(in, os.Stdin, bps)
+		throttle(in, os.Stdin, bps, delay)
 		in.Close()
 	}()
-	throttle(os.Stdout, out, bps)
+	throttle(os.Stdout, out, bps, delay)
 	os.Exit(0)
 }
 
-// throttle copies src to dst at bps bytes per second at most.
-func throttle(dst io.Writer, src io.Reader, bps float64) {
-	var free time.Time // when the link has passed what it was given
-	buf := make([]byte, 16<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			free = later(free, time.Now()).Add(time.Duration(float64(n) / bps * float64(time.Second)))
-			time.Sleep(time.Until(free))
-			if _, err := dst.Write(buf[:n]); err != nil {
+// throttle copies src to dst at bps bytes per second at most, each byte arriving
+// delay after the link has passed it.
+func throttle(dst io.Writer, src io.Reader, bps float64, delay time.Duration) {
+	type piece struct {
+		data []byte
+		at   time.Time
+	}
+	pieces := make(chan piece, 1024)
+	go func() {
+		defer close(pieces)
+		var free time.Time // when the link has passed what it was given
+		for {
+			buf := make([]byte, 16<<10)
+			n, err := src.Read(buf)
+			if n > 0 {
+				free = later(free, time.Now()).Add(time.Duration(float64(n) / bps * float64(time.Second)))
+				time.Sleep(time.Until(free))
+				pieces <- piece{buf[:n], free.Add(delay)}
+			}
+			if err != nil {
 				return
 			}
 		}
-		if err != nil {
+	}()
+	for p := range pieces {
+		time.Sleep(time.Until(p.at))
+		if _, err := dst.Write(p.data); err != nil {
 			return
 		}
 	}
@@ -126,7 +183,11 @@ func later(a, b time.Time) time.Time {
 // narrowSource is a source over sessions through a 16 MB/s link each, serving a
 // temporary directory. Its round trips count as a slow link's, so that a file would
 // be striped but for the narrowness.
-func narrowSource(t *testing.T) (*SFTP, string) {
+func narrowSource(t *testing.T) (*SFTP, string) { return linkSource(t, "16000000") }
+
+// linkSource is a source over sessions through links given as narrowLinkEnv's value,
+// whose round trips count as a slow link's.
+func linkSource(t *testing.T, link string) (*SFTP, string) {
 	t.Helper()
 	old := stripeMinRTT
 	stripeMinRTT = time.Nanosecond
@@ -136,7 +197,7 @@ func narrowSource(t *testing.T) (*SFTP, string) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	pool := newTestPoolScript(t, narrowLinkEnv+"=16000000 exec "+exe)
+	pool := newTestPoolScript(t, narrowLinkEnv+"="+link+" exec "+exe)
 	return newTestSource(t, 10*time.Second, dir, pool), dir
 }
 
@@ -212,5 +273,45 @@ func TestWriteBehindPacedOnNarrowLink(t *testing.T) {
 	}
 	if most > 2<<20 {
 		t.Errorf("up to %d bytes of writes in flight on a 16 MB/s link after its first 10 MiB, want at most 2 MiB", most)
+	}
+}
+
+// TestWriteStripedOnLongLink: over links of 16 MB/s and 100 ms each way, narrower than
+// paceMaxRate but long enough that their bandwidth-delay product exceeds a window, a
+// sequential write is striped over the pool's sessions, paced still (a window under
+// the unpaced writeWindow per handle), and the file arrives whole. (Each session has a
+// link of its own here, so striping gains, as over a long fast link.)
+func TestWriteStripedOnLongLink(t *testing.T) {
+	s, dir := linkSource(t, "16000000,100ms")
+	ctx := context.Background()
+	f, err := s.Open(ctx, "out", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := randomBytes(40<<20, 33)
+	const piece = 128 << 10
+	paced := false
+	for off := 0; off < len(want); off += piece {
+		if n, err := f.WriteAt(ctx, want[off:off+piece], int64(off)); err != nil || n != piece {
+			t.Fatalf("write at %d: %d, %v", off, n, err)
+		}
+		sf := f.(*sftpFile)
+		if n := sf.handles(); n > 1 {
+			sf.wb.mu.Lock()
+			paced = paced || sf.writeWindowLocked() < n*writeWindow
+			sf.wb.mu.Unlock()
+		}
+	}
+	if err := f.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "out")); !bytes.Equal(got, want) {
+		t.Fatal("the server's file differs from what was written")
+	}
+	if n := s.striped.Load(); n == 0 {
+		t.Fatal("no extra handle opened on a long link")
+	}
+	if !paced {
+		t.Error("the striped write was never paced on links under paceMaxRate")
 	}
 }

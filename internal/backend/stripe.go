@@ -234,8 +234,9 @@ func (f *sftpFile) noteWriteLocked(ctx context.Context, off int64, n int) (inOrd
 	wb.nextOff = off + int64(n)
 	wb.run += int64(n)
 	// A link the write-behind finds narrow (pace.go) gains nothing from more
-	// windows, and each extra session's handshake would queue behind the writes.
-	if inOrder && wb.run >= stripeWriteAfter && wb.pace.limit() == 0 {
+	// windows, and each extra session's handshake would queue behind the writes;
+	// one bound by its windows (a long link) gains as a fast one.
+	if inOrder && wb.run >= stripeWriteAfter && (wb.pace.limit() == 0 || wb.pace.windowBound()) {
 		f.stripeWritesLocked(ctx)
 	}
 	return inOrder
