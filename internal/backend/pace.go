@@ -22,8 +22,8 @@ import (
 // the two ends' work (at the bench's 2 ms, a 255 KiB chunk took 9 ms at best, at
 // 100 Mbit/s 20 ms). A server slower than that (its disk, its CPU) counts as narrow
 // too, and loses little: one sftp-server handles a session's requests one at a
-// time, and the limit never leaves fewer than two in flight; what it gives up is a
-// write striped over several sessions of such a server on a long link.
+// time, and the limit never leaves fewer than two in flight; on a long link its
+// writes still stripe (paceWindowBound).
 
 // A narrow link and a long one that is bound by its windows both deliver under
 // paceMaxRate; the product of the rate and the shortest latency tells them apart. A
@@ -31,9 +31,10 @@ import (
 // so its product is about a window (2 MB at 200 ms: 10 MB/s times 0.2 s), where the
 // narrow workload's link (100 Mbit/s, 20 ms) shows about 0.5 MB. From paceWindowBound
 // on, a write stripes (noteWriteLocked) as on a fast link. A link that is narrow as
-// well as long (100 Mbit/s at 200 ms shows 2.6 MB) stripes too, and loses nothing: the
-// limit bounds what the file has in flight over all its handles together, so more
-// windows queue no more than one, and they gain where the product exceeds one window.
+// well as long (100 Mbit/s at 200 ms shows 2.6 MB) stripes too, and loses little: the
+// limit bounds what the file has in flight over all its handles together, so the
+// link's queue holds at most half the product, as under a paced read-ahead, and more
+// windows gain where the product exceeds one window.
 const paceWindowBound = 1 << 20 // half a window: between the two kinds, with room each way
 
 // paceMaxRate is in bytes per second; a variable for tests (those of striping, whose
