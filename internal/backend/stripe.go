@@ -269,7 +269,10 @@ func (f *sftpFile) settle(ctx context.Context) {
 
 // stripeWritesLocked opens extra handles for a file written in order over a slow link,
 // and puts those opened to use once they are checked — all at once, when none is being
-// opened, since each check waits for every write in flight.
+// opened on a session, since each check waits for every write in flight. A pool is
+// filled a few sessions at a time (maxOpening), so with more sessions than that the
+// handles opened on the first ones go to use while the rest are still connecting
+// (with max_conns=8 at 200 ms, at 2.7 s rather than at 8.5 s).
 func (f *sftpFile) stripeWritesLocked(ctx context.Context) {
 	h := f.handle()
 	f.st.mu.Lock()
@@ -279,7 +282,9 @@ func (f *sftpFile) stripeWritesLocked(ctx context.Context) {
 	}
 	f.widenLocked(h)
 	var cands []handle
-	if len(f.st.opening) == 0 {
+	// The nil key only says that a session is being chosen, or waited for: widenLocked
+	// has just set it whenever the pool is not full yet.
+	if onSessions := len(f.st.opening); onSessions == 0 || onSessions == 1 && f.st.opening[nil] {
 		cands, f.st.candidates = f.st.candidates, nil
 	}
 	f.st.mu.Unlock()

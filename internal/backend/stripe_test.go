@@ -281,6 +281,42 @@ func TestStripedWrite(t *testing.T) {
 	checkSpread(t, pool, "write", func(st sftp.Stats) int64 { return st.BytesOut })
 }
 
+// TestStripedWriteWhilePoolFills: with more sessions than are opened at once
+// (maxOpening) and sessions slow to connect, a striped write puts the extra handles of
+// the first sessions to use while the others still connect, not once the pool is full.
+func TestStripedWriteWhilePoolFills(t *testing.T) {
+	old, oldRate := stripeMinRTT, paceMaxRate
+	stripeMinRTT, paceMaxRate = time.Nanosecond, 0
+	t.Cleanup(func() { stripeMinRTT, paceMaxRate = old, oldRate })
+	dir := t.TempDir()
+	pool := newTestPoolScript(t, "sleep 0.3; exec "+sftpServer)
+	pool.ep.MaxConns = 2*maxOpening + 2
+	s := newTestSource(t, 10*time.Second, dir, pool)
+	want := randomBytes(64<<20, 13)
+	f := createForWriting(t, s, "out")
+	sessionsAtFirstUse := 0
+	writeInPieces(t, f, want, 0, func(off int) {
+		if off > 8<<20 {
+			time.Sleep(20 * time.Millisecond) // a slow writer: the pool fills meanwhile
+		}
+		if sf := f.(*sftpFile); sessionsAtFirstUse == 0 && sf.handles() > 1 {
+			pool.mu.Lock()
+			sessionsAtFirstUse = len(pool.sessions)
+			pool.mu.Unlock()
+		}
+	})
+	if err := f.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkServerFile(t, s, "out", want)
+	if sessionsAtFirstUse == 0 {
+		t.Fatal("the write never went through an extra handle")
+	}
+	if sessionsAtFirstUse == pool.ep.MaxConns {
+		t.Errorf("extra handles put to use only once all %d sessions were open", pool.ep.MaxConns)
+	}
+}
+
 // TestStripedWriteSurvivesLostSessions: every session killed halfway through a striped
 // write; the writes in flight go again, and the file is whole once closed.
 func TestStripedWriteSurvivesLostSessions(t *testing.T) {
