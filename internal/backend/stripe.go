@@ -284,7 +284,11 @@ func (f *sftpFile) stripeWritesLocked(ctx context.Context) {
 	var cands []handle
 	// The nil key only says that a session is being chosen, or waited for: widenLocked
 	// has just set it whenever the pool is not full yet.
-	if onSessions := len(f.st.opening); onSessions == 0 || onSessions == 1 && f.st.opening[nil] {
+	onSessions := len(f.st.opening)
+	if f.st.opening[nil] {
+		onSessions--
+	}
+	if onSessions == 0 {
 		cands, f.st.candidates = f.st.candidates, nil
 	}
 	f.st.mu.Unlock()
