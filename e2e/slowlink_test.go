@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/muxfs/muxfs/internal/linksim"
 )
 
 // delayProxy forwards connections to a loopback port, holding every piece of data half
@@ -41,32 +43,10 @@ func delayProxy(t *testing.T, to int, rtt time.Duration) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// delayCopy copies src to dst, each piece d after it arrived.
+// delayCopy copies src to dst, each piece d after it arrived, and closes both when
+// either side ends.
 func delayCopy(dst, src net.Conn, d time.Duration) {
-	type piece struct {
-		b   []byte
-		due time.Time
-	}
-	q := make(chan piece, 4096)
-	go func() {
-		defer close(q)
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := src.Read(buf)
-			if n > 0 {
-				q <- piece{append([]byte(nil), buf[:n]...), time.Now().Add(d)}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	for p := range q {
-		time.Sleep(time.Until(p.due))
-		if _, err := dst.Write(p.b); err != nil {
-			break
-		}
-	}
+	linksim.Copy(dst, src, 0, d)
 	dst.Close()
 	src.Close()
 }

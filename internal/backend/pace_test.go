@@ -3,7 +3,6 @@ package backend
 import (
 	"bytes"
 	"context"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/muxfs/muxfs/internal/linksim"
 )
 
 // paceAt feeds p readings every step, of rate bytes per second, for d, from t0; it
@@ -134,50 +135,11 @@ func narrowLink(spec string) {
 		os.Exit(1)
 	}
 	go func() {
-		throttle(in, os.Stdin, bps, delay)
+		linksim.Copy(in, os.Stdin, bps, delay)
 		in.Close()
 	}()
-	throttle(os.Stdout, out, bps, delay)
+	linksim.Copy(os.Stdout, out, bps, delay)
 	os.Exit(0)
-}
-
-// throttle copies src to dst at bps bytes per second at most, each byte arriving
-// delay after the link has passed it.
-func throttle(dst io.Writer, src io.Reader, bps float64, delay time.Duration) {
-	type piece struct {
-		data []byte
-		at   time.Time
-	}
-	pieces := make(chan piece, 1024)
-	go func() {
-		defer close(pieces)
-		var free time.Time // when the link has passed what it was given
-		for {
-			buf := make([]byte, 16<<10)
-			n, err := src.Read(buf)
-			if n > 0 {
-				free = later(free, time.Now()).Add(time.Duration(float64(n) / bps * float64(time.Second)))
-				time.Sleep(time.Until(free))
-				pieces <- piece{buf[:n], free.Add(delay)}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	for p := range pieces {
-		time.Sleep(time.Until(p.at))
-		if _, err := dst.Write(p.data); err != nil {
-			return
-		}
-	}
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }
 
 // narrowSource is a source over sessions through a 16 MB/s link each, serving a
