@@ -42,7 +42,8 @@ type stripe struct {
 	// candidates: extra handles opened for writing, to be checked (checkCandidatesLocked)
 	// before any write goes through them.
 	candidates []handle
-	opening    map[*sftp.Client]bool // sessions an extra handle is being opened on (nil key: choosing one)
+	opening    map[*sftp.Client]bool // sessions an extra handle is being opened on
+	choosing   bool                  // an openExtra is choosing a session (or waiting for the pool to have one)
 	closed     bool
 	// wrote: a write went through an extra handle; reads of the file then wait for
 	// such writes (settle). Set once, read without the lock.
@@ -90,8 +91,8 @@ func (f *sftpFile) widenLocked(h handle) []handle {
 	}
 	used := append([]handle{h}, live...)
 	used = append(used, f.st.candidates...)
-	if !f.st.closed && !f.st.opening[nil] && len(used)+len(f.st.opening) < h.m.pool.ep.MaxConns {
-		f.st.opening[nil] = true
+	if !f.st.closed && !f.st.choosing && len(used)+len(f.st.opening) < h.m.pool.ep.MaxConns {
+		f.st.choosing = true
 		go f.openExtra(h, used)
 	}
 	return live
@@ -112,7 +113,7 @@ func (f *sftpFile) openExtra(h handle, hs []handle) {
 		}
 		return f.st.opening[c]
 	})
-	delete(f.st.opening, nil) // the next read may choose another
+	f.st.choosing = false // the next read may choose another
 	if c == nil {
 		f.st.mu.Unlock()
 		return
@@ -282,13 +283,7 @@ func (f *sftpFile) stripeWritesLocked(ctx context.Context) {
 	}
 	f.widenLocked(h)
 	var cands []handle
-	// The nil key only says that a session is being chosen, or waited for: widenLocked
-	// has just set it whenever the pool is not full yet.
-	onSessions := len(f.st.opening)
-	if f.st.opening[nil] {
-		onSessions--
-	}
-	if onSessions == 0 {
+	if len(f.st.opening) == 0 {
 		cands, f.st.candidates = f.st.candidates, nil
 	}
 	f.st.mu.Unlock()

@@ -236,7 +236,7 @@ func waitExtraOpened(f File, off int) {
 		sessions := pool.opening == 0 // none being opened for the extra handle to go on
 		pool.mu.Unlock()
 		sf.st.mu.Lock()
-		done := len(sf.st.extra)+len(sf.st.candidates) > 0 || len(sf.st.opening) == 0 && sessions
+		done := len(sf.st.extra)+len(sf.st.candidates) > 0 || len(sf.st.opening) == 0 && !sf.st.choosing && sessions
 		sf.st.mu.Unlock()
 		if done {
 			return
