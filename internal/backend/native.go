@@ -366,7 +366,7 @@ var errHandedOver = errors.New("in-process SSH cannot go on")
 // startNative opens a session in-process. A failure to reach the server is
 // reported in ssh's own words (so hints and offline detection read it alike);
 // anything later wraps errHandedOver.
-func startNative(ctx context.Context, ep *Endpoint, p *nativePlan, log *slog.Logger) (*session, error) {
+func startNative(ctx context.Context, ep *Endpoint, p *nativePlan, log *slog.Logger, limits *sftp.Limits) (*session, error) {
 	timeout := 30 * time.Second
 	if p.timeout > 0 {
 		timeout = p.timeout
@@ -432,6 +432,9 @@ func startNative(ctx context.Context, ep *Endpoint, p *nativePlan, log *slog.Log
 	if ep.SFTPServer != "" {
 		err = sess.Start(ep.SFTPServer)
 	} else {
+		// Waiting for the answer costs nothing: sshd opens a session channel with
+		// no window and grants one only once the subsystem runs, so the SFTP INIT
+		// could not leave any sooner.
 		err = sess.RequestSubsystem("sftp")
 	}
 	if err != nil {
@@ -441,7 +444,7 @@ func startNative(ctx context.Context, ep *Endpoint, p *nativePlan, log *slog.Log
 	closer := closerFunc(func() error { sess.Close(); return client.Close() })
 	hsCtx, hsCancel := context.WithTimeout(ctx, timeout)
 	defer hsCancel()
-	sc, err := sftp.NewClient(hsCtx, stdout, stdin, closer)
+	sc, err := sftp.NewClientLike(hsCtx, stdout, stdin, closer, limits)
 	if err != nil {
 		return nil, &ConnectError{Endpoint: ep.String(), Cause: err}
 	}

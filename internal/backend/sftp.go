@@ -175,12 +175,22 @@ func newMember(ctx context.Context, mb Member) (*member, *sftp.Client, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	// Both at once: one round trip less at every mount (0.2 s at 200 ms). A STAT of
+	// the path as given follows its symbolic links to the directory its REALPATH
+	// names.
+	var a sftp.Attrs
+	var statErr error
+	stated := make(chan struct{})
+	go func() {
+		defer close(stated)
+		a, statErr = c.Stat(ctx, dir)
+	}()
 	root, err := c.Realpath(ctx, dir)
+	<-stated
 	if err != nil {
 		return nil, nil, fmt.Errorf("remote directory %s:%s does not exist or cannot be reached (%v) — check the path", ep, dir, err)
 	}
-	a, err := c.Stat(ctx, root)
-	if err != nil {
+	if err := statErr; err != nil {
 		return nil, nil, fmt.Errorf("remote directory %s:%s does not exist (%v) — check the path", ep, dir, err)
 	}
 	if a.Mode&syscall.S_IFMT != syscall.S_IFDIR {

@@ -163,13 +163,20 @@ type session struct {
 }
 
 // startSession opens a session the endpoint's way: in-process when Dial found that
-// possible (and no session has since been refused that way), else through ssh.
-func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog.Logger) (*session, error) {
+// possible (and no session has since been refused that way), else through ssh. like,
+// if not nil, is a live session of the same pool: the new one is another session to a
+// server known to serve SFTP, and takes like's packet limits (sftp.NewClientLike).
+func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog.Logger, like *session) (*session, error) {
+	var limits *sftp.Limits
+	if like != nil {
+		l := like.client.Limits()
+		limits = &l
+	}
 	p := ep.native
 	if p == nil || p.broken.Load() {
-		return startSSH(ctx, ep, interactive, log)
+		return startSSH(ctx, ep, interactive, log, limits)
 	}
-	s, err := startNative(ctx, ep, p, log)
+	s, err := startNative(ctx, ep, p, log, limits)
 	switch {
 	case err == nil || !errors.Is(err, errHandedOver):
 		return s, err
@@ -178,14 +185,14 @@ func startSession(ctx context.Context, ep *Endpoint, interactive bool, log *slog
 	}
 	p.broken.Store(true)
 	log.Info("the ssh program takes over from the in-process transport", "endpoint", ep.String(), "why", err)
-	return startSSH(ctx, ep, interactive, log)
+	return startSSH(ctx, ep, interactive, log, limits)
 }
 
 // startSSH spawns ssh and runs the SFTP handshake. interactive leaves ssh in our
 // process group with the terminal, so that a first connection can ask for a passphrase
 // or a host-key confirmation like ssh and sshfs do; later sessions run in their own
 // session with BatchMode, so they never touch the terminal.
-func startSSH(ctx context.Context, ep *Endpoint, interactive bool, log *slog.Logger) (*session, error) {
+func startSSH(ctx context.Context, ep *Endpoint, interactive bool, log *slog.Logger, limits *sftp.Limits) (*session, error) {
 	argv := ep.command(!interactive)
 	cmd := exec.Command(findProgram(argv[0]), argv[1:]...)
 	// Pdeathsig: if muxfs dies, its ssh processes go with it.
@@ -271,7 +278,7 @@ func startSSH(ctx context.Context, ep *Endpoint, interactive bool, log *slog.Log
 		hsCtx, cancel = context.WithTimeout(ctx, max(30*time.Second, ep.Timeout))
 		defer cancel()
 	}
-	client, err := sftp.NewClient(hsCtx, stdout, stdin, closer)
+	client, err := sftp.NewClientLike(hsCtx, stdout, stdin, closer, limits)
 	if err != nil {
 		// Let ssh finish explaining before we quote it.
 		select {
@@ -407,7 +414,7 @@ func Dial(ctx context.Context, ep *Endpoint, log *slog.Logger) (*Pool, error) {
 			log.Debug("sessions go through the ssh program", "endpoint", ep.String(), "why", why)
 		}
 	}
-	s, err := startSession(ctx, ep, term.IsTerminal(int(os.Stdin.Fd())), log)
+	s, err := startSession(ctx, ep, term.IsTerminal(int(os.Stdin.Fd())), log, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -509,7 +516,7 @@ func (p *Pool) Get(ctx context.Context) (*sftp.Client, error) {
 		if best != nil {
 			if best.InFlight() > 0 && len(p.sessions) < p.ep.MaxConns && p.opening == 0 {
 				p.opening++
-				go p.openMore()
+				go p.openMore(p.sessions[0])
 			}
 			p.mu.Unlock()
 			return best, nil
@@ -545,7 +552,7 @@ const (
 func (p *Pool) reconnect() {
 	wait := minBackoff
 	for attempt := 1; ; attempt++ {
-		s, err := startSession(context.Background(), p.ep, false, p.log)
+		s, err := startSession(context.Background(), p.ep, false, p.log, nil)
 		p.mu.Lock()
 		if p.closed {
 			p.dialing = false
@@ -692,8 +699,9 @@ func (p *Pool) InFlight() int64 {
 	return n
 }
 
-func (p *Pool) openMore() {
-	s, err := startSession(context.Background(), p.ep, false, p.log)
+// openMore adds a session to the pool, like is a live one of it.
+func (p *Pool) openMore(like *session) {
+	s, err := startSession(context.Background(), p.ep, false, p.log, like)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.opening--
@@ -742,9 +750,30 @@ func (p *Pool) spare(in func(*sftp.Client) bool) *sftp.Client {
 			best = s.client
 		}
 	}
-	for n := len(p.sessions) + p.opening; best == nil && n < p.ep.MaxConns && p.opening < maxOpening && !p.closed; n++ {
-		p.opening++
-		go p.openMore()
+	if best == nil {
+		p.fillLocked()
 	}
 	return best
+}
+
+// warm opens the sessions the pool lacks, without waiting for them: a file about to
+// be striped over a slow link then finds them open, instead of waiting for their
+// handshakes (about ten round trips each) once striping starts.
+func (p *Pool) warm() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pruneLocked()
+	p.fillLocked()
+}
+
+// fillLocked starts opening the sessions the pool lacks, up to maxOpening at once.
+func (p *Pool) fillLocked() {
+	var like *session
+	if len(p.sessions) > 0 {
+		like = p.sessions[0]
+	}
+	for n := len(p.sessions) + p.opening; n < p.ep.MaxConns && p.opening < maxOpening && !p.closed; n++ {
+		p.opening++
+		go p.openMore(like)
+	}
 }

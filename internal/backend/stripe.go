@@ -38,6 +38,7 @@ type stripe struct {
 	// not at every read or write; slow is cleared for good when a second open of the
 	// file's path failed or reached another file.
 	decided, slow bool
+	warmed        bool // the pool was asked to open its missing sessions (warmLocked)
 	extra         []handle
 	// candidates: extra handles opened for writing, to be checked (checkCandidatesLocked)
 	// before any write goes through them.
@@ -55,23 +56,48 @@ type stripe struct {
 // more are opened in the background, up to one per session of the pool.
 func (f *sftpFile) readHandles(h handle, window int) []handle {
 	hs := []handle{h}
-	if !f.readOnly || window < stripeAfter || f.opened.Size < stripeMinSize {
+	if !f.readOnly || f.opened.Size < stripeMinSize {
 		return hs
 	}
 	f.st.mu.Lock()
 	defer f.st.mu.Unlock()
+	if window < stripeAfter {
+		f.warmLocked(h)
+		return hs
+	}
 	return append(hs, f.widenLocked(h)...)
+}
+
+// slowLocked tells whether the file's link is slow enough to stripe over, asking the
+// pool once. The caller holds f.st.mu.
+func (f *sftpFile) slowLocked(h handle) bool {
+	if !f.st.decided {
+		rtt := h.m.pool.MinRTT()
+		f.st.decided, f.st.slow = true, rtt > 0 && rtt >= stripeMinRTT
+	}
+	return f.st.slow
+}
+
+// warmLocked has the pool open its missing sessions, once per file, when a big file's
+// sequential read has begun over a slow link: the handshakes (about nine round trips
+// each) then overlap the read-ahead's growth to a full window, which striping waits
+// for. A write needs no such start: its window is full as soon as the writer has
+// written 8 MiB, at once. The caller holds f.st.mu.
+func (f *sftpFile) warmLocked(h handle) {
+	if f.st.warmed || f.st.closed {
+		return
+	}
+	f.st.warmed = true
+	if f.slowLocked(h) {
+		h.m.pool.warm()
+	}
 }
 
 // widenLocked returns the live extra handles of a file to be striped, h being its own,
 // and opens one more in the background while the pool has sessions the file does not
 // use — on a slow link only. The caller holds f.st.mu.
 func (f *sftpFile) widenLocked(h handle) []handle {
-	if !f.st.decided {
-		rtt := h.m.pool.MinRTT()
-		f.st.decided, f.st.slow = true, rtt > 0 && rtt >= stripeMinRTT
-	}
-	if !f.st.slow {
+	if !f.slowLocked(h) {
 		return nil
 	}
 	live := f.st.extra[:0]

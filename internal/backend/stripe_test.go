@@ -134,6 +134,75 @@ func TestReadAheadGrowsWithLargeReads(t *testing.T) {
 	}
 }
 
+// TestBigReadWarmsPool: the first sequential read of a big file over a slow link has
+// the pool open its missing sessions, before the read-ahead reaches the window that
+// striping waits for; those sessions take the first one's packet limits without asking.
+// A small file, or a fast link, opens none.
+func TestBigReadWarmsPool(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		minRTT time.Duration
+		size   int
+		warm   bool
+	}{
+		{"big file, slow link", time.Nanosecond, stripeMinSize + 1<<20, true},
+		{"small file, slow link", time.Nanosecond, stripeMinSize - 1<<20, false},
+		{"big file, fast link", time.Hour, stripeMinSize + 1<<20, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, pool, want := stripeSource(t, tc.minRTT, tc.size, 9)
+			pool.ep.MaxConns = 4
+			ctx := context.Background()
+			f, err := s.Open(ctx, "big", os.O_RDONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close(ctx) //nolint:errcheck
+			got := make([]byte, 256<<10)
+			if _, err := f.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, want[:len(got)]) {
+				t.Fatalf("first read: %v, or the data differs", err)
+			}
+			pool.mu.Lock()
+			n := len(pool.sessions) + pool.opening
+			first := pool.sessions[0].client
+			pool.mu.Unlock()
+			ra := &f.(*sftpFile).ra
+			ra.mu.Lock()
+			window := ra.window
+			ra.mu.Unlock()
+			if window >= stripeAfter {
+				t.Fatalf("read-ahead window already %d after one read: the test proves nothing", window)
+			}
+			if !tc.warm {
+				if n != 1 {
+					t.Errorf("%d sessions open or opening, want the one", n)
+				}
+				return
+			}
+			if n != pool.ep.MaxConns {
+				t.Fatalf("%d sessions open or opening after the first read, want %d", n, pool.ep.MaxConns)
+			}
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				pool.mu.Lock()
+				ss := append([]*session(nil), pool.sessions...)
+				pool.mu.Unlock()
+				if len(ss) == pool.ep.MaxConns {
+					for _, x := range ss[1:] {
+						if x.client.Limits() != first.Limits() || x.client.Stats().Requests > 0 {
+							t.Errorf("a session the pool added has limits %+v after %d requests, want the first's %+v and none",
+								x.client.Limits(), x.client.Stats().Requests, first.Limits())
+						}
+					}
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d sessions after 10 s, want %d", len(ss), pool.ep.MaxConns)
+				}
+			}
+		})
+	}
+}
+
 // TestSpareOpensFewAtOnce: a pool filled up for a striped read starts at most
 // maxOpening handshakes at once (sshd refuses connections beyond MaxStartups), and
 // more once those are done.

@@ -75,6 +75,20 @@ type response struct {
 // sftp`, or a pipe to an sftp-server) and starts reading responses. closer, if not nil,
 // is closed by Close and when the connection fails.
 func NewClient(ctx context.Context, r io.Reader, w io.Writer, closer io.Closer) (*Client, error) {
+	return NewClientLike(ctx, r, w, closer, nil)
+}
+
+// Limits are a server's largest READ and WRITE payloads.
+type Limits struct{ MaxRead, MaxWrite int }
+
+// Limits returns the packet limits the client uses.
+func (c *Client) Limits() Limits { return Limits{c.MaxRead, c.MaxWrite} }
+
+// NewClientLike is NewClient for another session to a server that like (if not nil)
+// is already connected to: if this session's server announces limits@openssh.com as
+// well, it takes like's limits instead of asking again. That saves a round trip per
+// session a pool adds (0.2 s at 200 ms), and the limits are OpenSSH's constants.
+func NewClientLike(ctx context.Context, r io.Reader, w io.Writer, closer io.Closer, like *Limits) (*Client, error) {
 	c := &Client{
 		w:        w,
 		pending:  make(map[uint32]chan response),
@@ -142,7 +156,11 @@ func NewClient(ctx context.Context, r io.Reader, w io.Writer, closer io.Closer) 
 		return nil, fmt.Errorf("sftp: handshake: %w", ctx.Err())
 	}
 	go c.readLoop(br)
-	if c.HasExtension("limits@openssh.com") {
+	switch {
+	case !c.HasExtension("limits@openssh.com"):
+	case like != nil:
+		c.MaxRead, c.MaxWrite = like.MaxRead, like.MaxWrite
+	default:
 		if err := c.loadLimits(ctx); err != nil {
 			c.Close()
 			return nil, err

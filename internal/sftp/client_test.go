@@ -65,6 +65,36 @@ func TestHandshakeAndLimits(t *testing.T) {
 	}
 }
 
+// TestNewClientLikeTakesLimits: another session to a server announcing
+// limits@openssh.com takes the limits given instead of asking for them (no request
+// sent), and the first asks.
+func TestNewClientLikeTakesLimits(t *testing.T) {
+	if _, err := os.Stat(sftpServer); err != nil {
+		t.Skip("OpenSSH sftp-server not installed (apt-get install openssh-server)")
+	}
+	for _, like := range []*Limits{nil, {MaxRead: 100000, MaxWrite: 90000}} {
+		cmd := exec.Command(sftpServer, "-e", "-l", "ERROR")
+		stdin, _ := cmd.StdinPipe()
+		stdout, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		closer := closerFunc(func() error { stdin.Close(); return cmd.Wait() })
+		c, err := NewClientLike(context.Background(), stdout, stdin, closer, like)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent, got := c.Stats().Requests, c.Limits()
+		c.Close()
+		switch {
+		case like == nil && (sent != 1 || got.MaxRead < 64<<10):
+			t.Errorf("first session: %d requests sent, limits %+v; want the limits asked for", sent, got)
+		case like != nil && (sent != 0 || got != *like):
+			t.Errorf("another session: %d requests sent, limits %+v; want none sent and %+v", sent, got, *like)
+		}
+	}
+}
+
 func TestFileRoundTrip(t *testing.T) {
 	c, dir := serve(t)
 	ctx := context.Background()
