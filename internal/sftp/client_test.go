@@ -33,19 +33,26 @@ func serveThrough(t *testing.T, wrap func(io.WriteCloser) io.Writer) (*Client, s
 		t.Skip("OpenSSH sftp-server not installed (apt-get install openssh-server)")
 	}
 	dir := t.TempDir()
-	cmd := exec.Command(sftpServer, "-e", "-l", "ERROR")
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	closer := closerFunc(func() error { stdin.Close(); return cmd.Wait() })
+	stdout, stdin, closer := startServer(t)
 	c, err := NewClient(context.Background(), stdout, wrap(stdin), closer)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
 	return c, dir
+}
+
+// startServer starts OpenSSH's sftp-server on pipes: its output, its input, and a
+// closer that ends it.
+func startServer(t *testing.T) (io.Reader, io.WriteCloser, io.Closer) {
+	t.Helper()
+	cmd := exec.Command(sftpServer, "-e", "-l", "ERROR")
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return stdout, stdin, closerFunc(func() error { stdin.Close(); return cmd.Wait() })
 }
 
 type closerFunc func() error
@@ -73,13 +80,7 @@ func TestNewClientLikeTakesLimits(t *testing.T) {
 		t.Skip("OpenSSH sftp-server not installed (apt-get install openssh-server)")
 	}
 	for _, like := range []*Limits{nil, {MaxRead: 100000, MaxWrite: 90000}} {
-		cmd := exec.Command(sftpServer, "-e", "-l", "ERROR")
-		stdin, _ := cmd.StdinPipe()
-		stdout, _ := cmd.StdoutPipe()
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		closer := closerFunc(func() error { stdin.Close(); return cmd.Wait() })
+		stdout, stdin, closer := startServer(t)
 		c, err := NewClientLike(context.Background(), stdout, stdin, closer, like)
 		if err != nil {
 			t.Fatal(err)
