@@ -699,7 +699,7 @@ func (p *Pool) InFlight() int64 {
 	return n
 }
 
-// openMore adds a session to the pool, like is a live one of it.
+// openMore adds a session to the pool; like, if not nil, is a live one of it.
 func (p *Pool) openMore(like *session) {
 	s, err := startSession(context.Background(), p.ep, false, p.log, like)
 	p.mu.Lock()
@@ -758,7 +758,7 @@ func (p *Pool) spare(in func(*sftp.Client) bool) *sftp.Client {
 
 // warm opens the sessions the pool lacks, without waiting for them: a file about to
 // be striped over a slow link then finds them open, instead of waiting for their
-// handshakes (about ten round trips each) once striping starts.
+// handshakes (about nine round trips each) once striping starts.
 func (p *Pool) warm() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
