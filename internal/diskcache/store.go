@@ -353,11 +353,12 @@ type entry struct {
 	mem []byte
 
 	// writes counts the writes queued for the cache's writer (writer.go); gather is
-	// the write being gathered for it; direct is f opened for its direct I/O, once a
-	// write needed it.
-	writes writeCount
-	gather *cacheWrite
-	direct *os.File
+	// the write being gathered for it, windows the fills; direct is f opened for its
+	// direct I/O, once a write needed it.
+	writes  writeCount
+	gather  *cacheWrite
+	windows []*fillWindow
+	direct  *os.File
 	// passthrough: the kernel was handed the data file to read it itself; writes
 	// go into it before they are answered (writer.go).
 	passthrough bool
@@ -737,7 +738,10 @@ func (e *entry) storeLocked(p []byte, off int64, fill bool) bool {
 		if err != nil {
 			return false
 		}
-		if e.passthrough || (fill && e.st.c.writerBehind()) {
+		switch {
+		case fill && !e.passthrough && e.windowLocked(f, p, off):
+			// Gathered: written once its MiB is complete (writer.go).
+		case e.passthrough || (fill && e.st.c.writerBehind()):
 			// Out of the queue's order, which is safe: a fill's bytes are the
 			// server's, writes through muxfs included (a read is sent behind
 			// the writes before it: sftpFile.ReadAt), and under passthrough
@@ -752,12 +756,12 @@ func (e *entry) storeLocked(p []byte, off int64, fill bool) bool {
 				}
 				return false
 			}
-		} else {
+		default:
 			e.queueLocked(f, p, off)
 			if fill {
-				// Handed over at once, not gathered: a fill is one of the kernel's
-				// read-ahead READs (up to 1 MiB), and a gathered one left for the
-				// release would make it wait for room in the queue.
+				// A small fill (a random reader's) is handed over at once: one
+				// gathered with the writes would wait for room in the queue at
+				// the release.
 				e.sendLocked()
 			}
 		}

@@ -3,6 +3,7 @@ package diskcache
 import (
 	"errors"
 	"os"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -55,15 +56,18 @@ import (
 // file being written; a writer that gets further ahead waits for the disk.
 const writeQueue = 32
 
-// cacheWrite is a write queued for the writer.
+// cacheWrite is a write queued for the writer: (*buf)[lo:lo+n] at off.
 type cacheWrite struct {
 	q      *writeCount
 	f      *os.File
 	direct *os.File // f opened for direct I/O, if the write may go through it
 	buf    *[]byte
-	n      int
+	lo, n  int
 	off    int64
 }
+
+// bytes is what the write writes.
+func (w *cacheWrite) bytes() []byte { return (*w.buf)[w.lo : w.lo+w.n] }
 
 // directAlign is the alignment of direct I/O's offsets, lengths and buffers: the
 // page size, which covers every block size up to it.
@@ -88,6 +92,9 @@ type writeCount struct {
 // next write continues it: a random writer's 4 KiB writes each held 1 MiB while
 // queued. The caller holds e.mu; if the queue is full it waits for the writer.
 func (e *entry) queueLocked(f *os.File, p []byte, off int64) {
+	// The fills gathered so far go first: a fill gathered before this write and
+	// written after it would put back the bytes it replaces.
+	e.sendWindowsLocked()
 	if g := e.gather; g != nil && g.f == f && off == g.off+int64(g.n) && g.n+len(p) <= bufpool.Max {
 		if g.n+len(p) > len(*g.buf) {
 			grown := bufpool.Get(bufpool.Max)
@@ -112,14 +119,21 @@ func (e *entry) queueLocked(f *os.File, p []byte, off int64) {
 	}
 }
 
-// sendLocked hands the write being gathered, if any, to the writer.
+// sendLocked hands the write being gathered and the fills being gathered, if any, to
+// the writer.
 func (e *entry) sendLocked() {
+	e.sendWindowsLocked()
 	w := e.gather
 	if w == nil {
 		return
 	}
 	e.gather = nil
-	if w.n >= directMin && aligned(*w.buf, w.n, w.off) {
+	e.queueWriteLocked(w)
+}
+
+// queueWriteLocked hands w to the writer, waiting for room in the queue.
+func (e *entry) queueWriteLocked(w *cacheWrite) {
+	if w.n >= directMin && aligned(w.bytes(), w.off) {
 		w.direct = e.directLocked()
 	}
 	q := &e.writes
@@ -131,6 +145,127 @@ func (e *entry) sendLocked() {
 	q.mu.Unlock()
 	w.q = q
 	e.st.c.writes <- *w
+}
+
+// A cold read's fills are gathered per aligned MiB of the file (fillWindow) and go to
+// the data file in one write once the cache holds all of that MiB. The kernel's
+// read-ahead READs are 256 KiB (its 128 KiB read-ahead, doubled for a sequential
+// reader) with two in flight, answered in either order (42% of them came out of
+// order in a cold read on the bench's machine), so gathering only the fill that
+// continues the one before, as writes are, would still split most MiBs. Each READ
+// one direct write of its own left the writer behind: in a cold 256 MiB read at
+// 0 ms, 5–31% of the fills found the queue full and went through the page cache
+// instead (docs/design.md, "Persistent cache", has the figures of the change).
+
+// fillWindows is how many MiBs are gathered at once per file: the two read-ahead READs
+// in flight straddle a MiB's end now and then, and with one window the later MiB's
+// READ, answered first, sent the earlier MiB in two parts (1.5 writes per MiB in a
+// cold 256 MiB read, against 1.0 with two).
+const fillWindows = 2
+
+// fillWindow gathers fills of the file's [off, off+bufpool.Max).
+type fillWindow struct {
+	f    *os.File
+	buf  *[]byte // bufpool.Max bytes, buf[i] the file's byte off+i
+	off  int64
+	have spans // what the fills put in buf, in the file's offsets
+}
+
+// windowLocked gathers the fill p at off into the entry's fill windows, and reports
+// whether it did. A fill smaller than directMin or not at a page's start — a random
+// reader's — is not gathered: it would hold a MiB of memory for bytes that are
+// written alone anyway. The caller holds e.mu.
+func (e *entry) windowLocked(f *os.File, p []byte, off int64) bool {
+	if len(p) < directMin || off%directAlign != 0 {
+		return false
+	}
+	for len(p) > 0 {
+		base := off &^ (bufpool.Max - 1)
+		n := min(len(p), int(base+bufpool.Max-off))
+		w := e.windowAtLocked(f, base)
+		copy((*w.buf)[off-base:], p[:n])
+		w.have, _ = w.have.add(off, off+int64(n))
+		if e.fullLocked(w) {
+			e.sendWindowLocked(w)
+		}
+		p, off = p[n:], off+int64(n)
+	}
+	return true
+}
+
+// windowAtLocked returns the fill window of f's MiB at base, opened if need be; the
+// oldest window goes to the writer to make room.
+func (e *entry) windowAtLocked(f *os.File, base int64) *fillWindow {
+	for _, w := range e.windows {
+		if w.f != f {
+			e.sendWindowsLocked() // the data file was replaced: none of them is current
+			break
+		}
+		if w.off == base {
+			return w
+		}
+	}
+	if len(e.windows) == fillWindows {
+		e.sendWindowLocked(e.windows[0])
+	}
+	w := &fillWindow{f: f, buf: bufpool.Get(bufpool.Max), off: base}
+	e.windows = append(e.windows, w)
+	return w
+}
+
+// fullLocked reports whether w's MiB (up to the file's end) is all there: gathered in
+// w, or stored before it (the start of a file, which a fresh entry keeps in memory:
+// keepInMemLocked).
+func (e *entry) fullLocked(w *fillWindow) bool {
+	end := min(w.off+bufpool.Max, e.rec.Size)
+	at := w.off
+	for _, sp := range w.have {
+		if sp.Off > at && !e.rec.Spans.covers(at, sp.Off) {
+			return false
+		}
+		at = max(at, sp.End)
+	}
+	return at >= end || e.rec.Spans.covers(at, end)
+}
+
+// sendWindowsLocked hands every fill window to the writer, oldest first.
+func (e *entry) sendWindowsLocked() {
+	for len(e.windows) > 0 {
+		e.sendWindowLocked(e.windows[0])
+	}
+}
+
+// sendWindowLocked hands what the fill window w gathered to the writer: one write per
+// range of it, which is one write for a whole MiB. A fill never waits for room in
+// the queue: while the writer is behind, the window is written at once through the
+// page cache (writerBehind), and a failure of that write is the entry's as a queued
+// write's would be (the spans name the bytes since their fill).
+func (e *entry) sendWindowLocked(w *fillWindow) {
+	e.windows = slices.DeleteFunc(e.windows, func(o *fillWindow) bool { return o == w })
+	for i, sp := range w.have {
+		cw := &cacheWrite{f: w.f, buf: w.buf, lo: int(sp.Off - w.off), n: int(sp.End - sp.Off), off: sp.Off}
+		if i < len(w.have)-1 {
+			// A MiB filled in parts (read at random, or left when the read
+			// stopped): the last range keeps the window's buffer, the others
+			// copies of their own.
+			cw.buf, cw.lo = bufpool.Get(cw.n), 0
+			copy(*cw.buf, (*w.buf)[sp.Off-w.off:sp.End-w.off])
+		}
+		if !e.st.c.writerBehind() {
+			e.queueWriteLocked(cw)
+			continue
+		}
+		if err := e.st.c.writeNow(w.f, cw.bytes(), cw.off); err != nil {
+			q := &e.writes
+			q.mu.Lock()
+			q.failed = true
+			q.mu.Unlock()
+		}
+		bufpool.Put(cw.buf)
+	}
+	if len(w.have) == 0 {
+		bufpool.Put(w.buf)
+	}
 }
 
 // writerBehind reports whether the queue is full: a fill then writes through the page
@@ -147,10 +282,10 @@ func (c *Cache) writerBehind() bool { return len(c.writes) == cap(c.writes) }
 // sequential writer or a cold read moves.
 const directMin = 64 << 10
 
-// aligned reports whether a write of buf[:n] at off may use direct I/O.
-func aligned(buf []byte, n int, off int64) bool {
-	return n > 0 && n%directAlign == 0 && off%directAlign == 0 &&
-		uintptr(unsafe.Pointer(&buf[0]))%directAlign == 0
+// aligned reports whether a write of p at off may use direct I/O.
+func aligned(p []byte, off int64) bool {
+	return len(p) > 0 && len(p)%directAlign == 0 && off%directAlign == 0 &&
+		uintptr(unsafe.Pointer(&p[0]))%directAlign == 0
 }
 
 // directLocked returns the entry's data file opened for direct I/O, opening it if
@@ -234,7 +369,7 @@ func (c *Cache) writer() {
 // write writes one queued write, with direct I/O if it may; a refusal of direct I/O
 // (a buffer or an offset of the wrong alignment for this file system) turns it off.
 func (c *Cache) write(w cacheWrite) error {
-	p := (*w.buf)[:w.n]
+	p := w.bytes()
 	if w.direct != nil && !c.noDirect.Load() {
 		_, err := w.direct.WriteAt(p, w.off)
 		if !errors.Is(err, unix.EINVAL) {

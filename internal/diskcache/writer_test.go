@@ -447,9 +447,63 @@ func TestFillsQueuedAndDirect(t *testing.T) {
 		t.Fatal("the cold read differs")
 	}
 	c.Stores()[0].flush()
-	// 100 KiB reads: the first two held in memory (memToFileLocked writes them),
-	// each of the other 39 one queued write.
-	queuedDirect(t, c, s, "r", writes.Load(), 39)
+	// 100 KiB reads: the first two held in memory (memToFileLocked writes them), the
+	// others gathered per MiB (the first MiB from 200 KiB on): one queued write per
+	// MiB.
+	queuedDirect(t, c, s, "r", writes.Load(), 4)
+}
+
+// A cold read's fills are gathered per MiB whatever order the kernel's read-ahead
+// READs come in (256 KiB each, two in flight, answered in either order): one queued
+// write per MiB, the file's last part one of its own; what a read stopped in the
+// middle of a MiB left is written too (at the close) and found after a remount.
+func TestFillsGatheredPerMiB(t *testing.T) {
+	dir := t.TempDir()
+	c, s, _, remote := setup(t, dir, Options{})
+	var writes atomic.Int64
+	c.writeFault = func() error { writes.Add(1); return nil }
+	const piece = 256 << 10
+	want := data(4<<20+100<<10, 30)
+	putRemote(t, remote, "r", want)
+	putRemote(t, remote, "half", want)
+	ctx := context.Background()
+	read := func(name string, order []int, end int) {
+		t.Helper()
+		f, err := s.Open(ctx, name, os.O_RDONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, i := range order {
+			off := i * piece
+			got := make([]byte, min(piece, end-off))
+			if n, err := f.ReadAt(ctx, got, int64(off)); n != len(got) || !bytes.Equal(got, want[off:off+n]) {
+				t.Fatalf("%s: the read at %d differs (%d bytes, %v)", name, off, n, err)
+			}
+		}
+		f.Close(ctx) //nolint:errcheck
+	}
+	// Neighbours swapped, inside a MiB and across a MiB's end (4 pieces a MiB; the
+	// first two are held in memory, as a fresh entry's start is), then the 100 KiB
+	// past the last MiB.
+	read("r", []int{0, 1, 2, 4, 3, 6, 5, 8, 7, 9, 10, 12, 11, 14, 13, 15, 16}, len(want))
+	c.Stores()[0].flush()
+	queuedDirect(t, c, s, "r", writes.Load(), 5)
+
+	// A read that stops at 1.75 MiB with a gap, out of order: 0 1 3 2 4 6 (5 never).
+	writes.Store(0)
+	read("half", []int{0, 1, 3, 2, 4, 6}, len(want))
+	c.Stores()[0].flush()
+	if n := writes.Load(); n != 3 {
+		t.Errorf("a MiB and a half read with a gap reached the data file in %d queued writes, want 3 (the MiB, and the gap's two sides)", n)
+	}
+	c.Close()
+	c, s, cb, _ := setupOn(t, dir, remote, Options{})
+	read("half", []int{0, 1, 2, 3, 4, 6}, len(want))
+	if n := cb.read.Load(); n != 0 {
+		t.Errorf("after a remount, %d bytes of what was read before came from the server", n)
+	}
+	c.Close()
+	remountAndRead(t, dir, remote, "r", want)
 }
 
 // A cold read never waits for the cache's disk: with the writer held back, a read of
