@@ -150,8 +150,8 @@ func (e *entry) queueWriteLocked(w *cacheWrite) {
 // A cold read's fills are gathered per aligned MiB of the file (fillWindow) and go to
 // the data file in one write once the cache holds all of that MiB. The kernel's
 // read-ahead READs are 256 KiB (its 128 KiB read-ahead, doubled for a sequential
-// reader) with two in flight, answered in either order (42% of them came out of
-// order in a cold read on the bench's machine), so gathering only the fill that
+// reader) with two in flight, answered in either order (55 of 130 came out of order
+// in a cold 32 MiB read on the bench's machine), so gathering only the fill that
 // continues the one before, as writes are, would still split most MiBs. Each READ
 // one direct write of its own left the writer behind: in a cold 256 MiB read at
 // 0 ms, 5–31% of the fills found the queue full and went through the page cache
@@ -165,7 +165,7 @@ const fillWindows = 2
 
 // fillWindow gathers fills of the file's [off, off+bufpool.Max).
 type fillWindow struct {
-	f    *os.File
+	f    *os.File // the data file: open while a window is, since whatever closes it drains first
 	buf  *[]byte // bufpool.Max bytes, buf[i] the file's byte off+i
 	off  int64
 	have spans // what the fills put in buf, in the file's offsets
@@ -197,10 +197,6 @@ func (e *entry) windowLocked(f *os.File, p []byte, off int64) bool {
 // oldest window goes to the writer to make room.
 func (e *entry) windowAtLocked(f *os.File, base int64) *fillWindow {
 	for _, w := range e.windows {
-		if w.f != f {
-			e.sendWindowsLocked() // the data file was replaced: none of them is current
-			break
-		}
 		if w.off == base {
 			return w
 		}
