@@ -603,3 +603,45 @@ func TestQueuedCopiesSized(t *testing.T) {
 		t.Fatal("the file read after the queued writes differs")
 	}
 }
+
+// Cold readers of one file at once, each in its own order and with its own handle,
+// fill the same MiBs in turn: every read sees the file, and a later mount reads all
+// of it from the cache.
+func TestConcurrentColdReadersFill(t *testing.T) {
+	dir := t.TempDir()
+	c, s, _, remote := setup(t, dir, Options{})
+	const piece = 256 << 10
+	want := data(8<<20, 31)
+	putRemote(t, remote, "r", want)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for r := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f, err := s.Open(ctx, "r", os.O_RDONLY, 0)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer f.Close(ctx) //nolint:errcheck
+			n := len(want) / piece
+			for k := range n {
+				i := (k*(2*r+1) + r) % n // each reader its own order through every piece
+				got := make([]byte, piece)
+				if m, err := f.ReadAt(ctx, got, int64(i*piece)); m != piece || !bytes.Equal(got, want[i*piece:(i+1)*piece]) {
+					errs <- fmt.Errorf("reader %d: the read at %d differs (%d bytes, %v)", r, i*piece, m, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	c.Close()
+	remountAndRead(t, dir, remote, "r", want)
+}
