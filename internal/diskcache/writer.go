@@ -166,7 +166,7 @@ const fillWindows = 2
 // fillWindow gathers fills of the file's [off, off+bufpool.Max).
 type fillWindow struct {
 	f    *os.File // the data file: open while a window is, since whatever closes it drains first
-	buf  *[]byte // bufpool.Max bytes, buf[i] the file's byte off+i
+	buf  *[]byte  // bufpool.Max bytes, buf[i] the file's byte off+i
 	off  int64
 	have spans // what the fills put in buf, in the file's offsets
 }
