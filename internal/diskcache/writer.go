@@ -232,7 +232,8 @@ func (e *entry) sendWindowsLocked() {
 }
 
 // sendWindowLocked hands what the fill window w gathered to the writer: one write per
-// range of it, which is one write for a whole MiB. A fill never waits for room in
+// range of it (a window holds one at least: it is opened for a fill), which is one
+// write for a whole MiB. A fill never waits for room in
 // the queue: while the writer is behind, the window is written at once through the
 // page cache (writerBehind), and a failure of that write is the entry's as a queued
 // write's would be (the spans name the bytes since their fill).
@@ -258,9 +259,6 @@ func (e *entry) sendWindowLocked(w *fillWindow) {
 			q.mu.Unlock()
 		}
 		bufpool.Put(cw.buf)
-	}
-	if len(w.have) == 0 {
-		bufpool.Put(w.buf)
 	}
 }
 
