@@ -645,3 +645,45 @@ func TestConcurrentColdReadersFill(t *testing.T) {
 	c.Close()
 	remountAndRead(t, dir, remote, "r", want)
 }
+
+// A gathered MiB of fills that cannot be written (the writer behind, then a full
+// disk for the write made at once) drops what the cache holds of the file: the spans
+// named those bytes from their fill, and neither this mount nor the next may serve
+// the holes left in the data file (it fails if the failure is not the entry's).
+func TestFailedFillWriteDropsTheData(t *testing.T) {
+	dir := t.TempDir()
+	c, s, _, remote := setup(t, dir, Options{})
+	release := holdWriter(t, c)
+	var fails atomic.Int64
+	c.writeNowFault = func() error { // the disk full for a moment: holes in the middle
+		if fails.Add(1) <= 2 {
+			return syscall.ENOSPC
+		}
+		return nil
+	}
+	want := data((writeQueue+8)<<20, 32)
+	putRemote(t, remote, "r", want)
+	ctx := context.Background()
+	f, err := s.Open(ctx, "r", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 1<<20)
+	for off := 0; off < len(want); off += len(got) {
+		if n, err := f.ReadAt(ctx, got, int64(off)); n != len(got) || !bytes.Equal(got, want[off:off+n]) {
+			t.Fatalf("the cold read at %d differs (%d bytes, %v)", off, n, err)
+		}
+	}
+	release()
+	f.Close(ctx) //nolint:errcheck
+	c.writeNowFault = nil
+	if got := readAll(t, s, "r"); !bytes.Equal(got, want) {
+		t.Fatal("the file read after failed fill writes differs")
+	}
+	c.Close()
+	c, s, _, _ = setupOn(t, dir, remote, Options{})
+	t.Cleanup(c.Close)
+	if got := readAll(t, s, "r"); !bytes.Equal(got, want) {
+		t.Fatal("after a remount, the file read after failed fill writes differs")
+	}
+}
