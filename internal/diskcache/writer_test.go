@@ -434,6 +434,17 @@ func putRemote(t *testing.T, remote, name string, b []byte) {
 	}
 }
 
+// openRemote puts b at name on the server and opens it read-only through s.
+func openRemote(t *testing.T, s *Source, remote, name string, b []byte) backend.File {
+	t.Helper()
+	putRemote(t, remote, name, b)
+	f, err := s.Open(context.Background(), name, os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 // What a cold read fetches goes to the data file as written data does: through the
 // writer, with direct I/O (not left in the page cache).
 func TestFillsQueuedAndDirect(t *testing.T) {
@@ -519,12 +530,8 @@ func TestFillsDoNotWaitForTheDisk(t *testing.T) {
 	release := sync.OnceFunc(func() { close(gate) })
 	t.Cleanup(release)
 	want := data((writeQueue+8)<<20, 29)
-	putRemote(t, remote, "r", want)
+	f := openRemote(t, s, remote, "r", want)
 	ctx := context.Background()
-	f, err := s.Open(ctx, "r", os.O_RDONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	done := make(chan error)
 	go func() {
 		got := make([]byte, 1<<20)
@@ -662,12 +669,8 @@ func TestFailedFillWriteDropsTheData(t *testing.T) {
 		return nil
 	}
 	want := data((writeQueue+8)<<20, 32)
-	putRemote(t, remote, "r", want)
+	f := openRemote(t, s, remote, "r", want)
 	ctx := context.Background()
-	f, err := s.Open(ctx, "r", os.O_RDONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	got := make([]byte, 1<<20)
 	for off := 0; off < len(want); off += len(got) {
 		if n, err := f.ReadAt(ctx, got, int64(off)); n != len(got) || !bytes.Equal(got, want[off:off+n]) {
