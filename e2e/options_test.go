@@ -182,3 +182,32 @@ func TestSetIDBitsLikeLocal(t *testing.T) {
 		}
 	}
 }
+
+// A change by path to a file another descriptor is still writing goes through that
+// descriptor's handle, behind its writes; it is on the server when chmod(2) returns
+// all the same, since no close of the caller's will wait for it.
+func TestChmodBesideAnOpenWriterReachesTheServer(t *testing.T) {
+	e := newEnv(t, 1)
+	mp := e.mount(e.source(0, ""))
+	p := filepath.Join(mp, "open")
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString("data"); err != nil {
+		t.Fatal(err)
+	}
+	for i, mode := range []os.FileMode{0o600, 0o640, 0o604} {
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		st, err := os.Stat(filepath.Join(e.data[0], "open"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != mode {
+			t.Errorf("chmod %d: mode %04o on the server once chmod returned, want %04o", i, st.Mode().Perm(), mode)
+		}
+	}
+}

@@ -415,6 +415,13 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		n.drainWriters(ctx, h)
 		h.sending()
 		err = h.f.SetAttr(ctx, set)
+		if err == nil && asFileHandle(fh) != h {
+			// A change by path (chmod after close(2), the RELEASE still to come)
+			// has no close of its own to wait for it: the handle may have held it,
+			// so it is waited for here, as a change with no handle is, and its
+			// failure is the caller's.
+			err = h.f.Flush(ctx)
+		}
 	} else {
 		n.drainWriters(ctx, nil)
 		for _, i := range targets {
