@@ -418,9 +418,9 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		if err == nil && asFileHandle(fh) != h {
 			// A change by path (chmod after close(2), the RELEASE still to come)
 			// has no close of its own to wait for it: the handle may have held it,
-			// so it is waited for here, as a change with no handle is, and its
-			// failure is the caller's.
-			err = h.f.Flush(ctx)
+			// so it is on the server before the caller goes on. Drain, not Flush:
+			// a failure of the writer's stays with the writer's close.
+			h.f.Drain(ctx)
 		}
 	} else {
 		n.drainWriters(ctx, nil)
