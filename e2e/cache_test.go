@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -117,6 +118,50 @@ func TestSymlinkTargetsCached(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond)
 		readlink(mp+"/links/l", "four")
 	})
+}
+
+// TestReplacedByAnotherKindOfFile: a file replaced on the server by a symlink while
+// open through the mount keeps its own attributes for fstat (go-fuse gives the node's
+// type to whatever muxfs answers, so the symlink's size and mode passed for the open
+// file's: posixtest's OpenSymlinkRace took that for an attack under load); a path
+// whose name the kernel still holds shows the symlink.
+func TestReplacedByAnotherKindOfFile(t *testing.T) {
+	e := newEnv(t, 1)
+	for _, name := range []string{"open", "named"} {
+		writeFile(t, e.data[0]+"/"+name, "")
+		if err := os.Chmod(e.data[0]+"/"+name, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The kernel keeps names but asks for attributes each time, as it does once a
+	// name's attributes have expired.
+	mp := e.mount("-o", "cache=no,entry_timeout=60,attr_timeout=0", e.source(0, ""))
+	fd, err := syscall.Open(mp+"/open", syscall.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd) //nolint:errcheck
+	if _, err := os.Lstat(mp + "/named"); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"open", "named"} {
+		if err := os.Remove(e.data[0] + "/" + name); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("/etc/passwd", e.data[0]+"/"+name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		t.Fatalf("fstat of the open file: %v", err)
+	}
+	if st.Mode != syscall.S_IFREG|0o600 || st.Size != 0 {
+		t.Errorf("fstat of the open file: mode %o size %d, want %o and 0", st.Mode, st.Size, syscall.S_IFREG|0o600)
+	}
+	if fi, err := os.Lstat(mp + "/named"); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("lstat of a name the kernel holds: %v (%v), want the symlink", fi, err)
+	}
 }
 
 // TestWriteErrorReported: with write-behind, a write the server refuses (a full disk)

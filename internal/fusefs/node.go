@@ -280,15 +280,7 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	vp, l, rel, errno := n.where()
 	if errno != 0 {
 		// Unlinked while open: only the handle still reaches the file.
-		if h := asFileHandle(fh); h != nil {
-			a, err := h.statWritten(ctx)
-			if err != nil {
-				return n.fsys.toErrno(err)
-			}
-			fillAttr(&out.Attr, a, ino, n.nlinkNow())
-			return 0
-		}
-		return errno
+		return n.attrByHandle(ctx, fh, errno, out)
 	}
 	branch, _, _ := n.state()
 	if branch < 0 || l == nil {
@@ -308,7 +300,31 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	if err != nil {
 		return n.fsys.toErrno(err)
 	}
+	if a.Mode&syscall.S_IFMT != n.StableAttr().Mode&syscall.S_IFMT {
+		// The path names another kind of file now: this node's was replaced behind
+		// the kernel's back, or a lookup raced a rename (go-fuse's OpenSymlinkRace
+		// under load). go-fuse would give the answer the node's type, so a symlink's
+		// size and mode would pass for the open file's. Its handle still reaches
+		// it; without one, ESTALE makes the kernel look the path up again.
+		return n.attrByHandle(ctx, fh, syscall.ESTALE, out)
+	}
 	n.report(&out.Attr, a)
+	return 0
+}
+
+// attrByHandle answers a GETATTR from the open handle fh (go-fuse gives the node's
+// first open one when the kernel names none), for a node whose path no longer
+// reaches its file; without a handle, with errno.
+func (n *node) attrByHandle(ctx context.Context, fh fs.FileHandle, errno syscall.Errno, out *fuse.AttrOut) syscall.Errno {
+	h := asFileHandle(fh)
+	if h == nil {
+		return errno
+	}
+	a, err := h.statWritten(ctx)
+	if err != nil {
+		return n.fsys.toErrno(err)
+	}
+	fillAttr(&out.Attr, a, n.StableAttr().Ino, n.nlinkNow())
 	return 0
 }
 
