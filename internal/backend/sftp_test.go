@@ -331,6 +331,49 @@ func TestHeldSetAttrOrder(t *testing.T) {
 	}
 }
 
+// TestSetAttrAnswersForItself: a change of attributes reports its own answer only. A
+// write of the handle's refused before it stays on record for the handle's close —
+// fusefs lends a writer's handle to a chmod by path, and the writer must hear of its
+// lost data — whether the change is held (on a file this open created) or waited for.
+// The server here refuses to write beyond 4 KiB (ulimit -f), a disk-quota stand-in.
+func TestSetAttrAnswersForItself(t *testing.T) {
+	dir := t.TempDir()
+	pool := newTestPoolScript(t, "trap '' XFSZ; ulimit -f 8; exec "+sftpServer)
+	s := newTestSource(t, 0, dir, pool)
+	ctx := context.Background()
+	for _, created := range []bool{true, false} {
+		name := "existing"
+		flags := os.O_WRONLY
+		if created {
+			name, flags = "created", flags|os.O_CREATE|os.O_EXCL
+		} else if err := os.WriteFile(dir+"/"+name, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		f, err := s.Open(ctx, name, flags, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt(ctx, make([]byte, 4096), 1<<20); err != nil {
+			t.Fatalf("%s: a write behind failed at once: %v", name, err)
+		}
+		f.Drain(ctx) // the refusal is on record
+		if err := f.SetAttr(ctx, SetAttr{Valid: SetMode, Mode: 0o640}); err != nil {
+			t.Errorf("%s: chmod reported another request's failure: %v", name, err)
+		}
+		if !created {
+			if err := f.SetAttr(ctx, SetAttr{Valid: SetSize, Size: 2 << 20}); err == nil {
+				t.Errorf("%s: a truncation the server refused succeeded", name)
+			}
+		}
+		if err := f.Close(ctx); err == nil {
+			t.Errorf("%s: close did not report the refused write", name)
+		}
+		if st, err := os.Stat(dir + "/" + name); err != nil || st.Mode().Perm() != 0o640 {
+			t.Errorf("%s: mode after close %v (%v), want 0640", name, st.Mode(), err)
+		}
+	}
+}
+
 // TestMergeable: changes merge unless the union could set the set-user-ID or
 // set-group-ID bit and change the owner, whose order the server chooses.
 func TestMergeable(t *testing.T) {

@@ -507,10 +507,11 @@ func (f *sftpFile) Stat(ctx context.Context) (Attr, error) {
 
 // SetAttr changes the open file's attributes through its handle, queued behind its
 // writes (requests on one file apply in order), so that waiting for those writes and
-// for the change is one round trip. A change the server cannot refuse (cannotRefuse)
-// goes out behind the caller like a write, and its only possible failure, the
-// link's, is reported by the next write, flush, fsync or close: what an untar does
-// to every file costs no wait, and its changes leave as one request (holdSetLocked).
+// for the change is one round trip; it reports the change's own answer only. A
+// change the server cannot refuse (cannotRefuse) goes out behind the caller like a
+// write, and its only possible failure, the link's, is reported by the next write,
+// flush, fsync or close: what an untar does to every file costs no wait, and its
+// changes leave as one request (holdSetLocked).
 func (f *sftpFile) SetAttr(ctx context.Context, set SetAttr) error {
 	ctx, cancel := f.s.deadline(ctx)
 	defer cancel()
@@ -520,28 +521,29 @@ func (f *sftpFile) SetAttr(ctx context.Context, set SetAttr) error {
 	if err := f.checkedLocked(ctx); err != nil {
 		return f.s.fail(ctx, "open", f.path, err, nil)
 	}
-	if f.wb.err != nil {
-		return f.s.fail(ctx, "write", f.path, f.flushLocked(ctx), nil)
-	}
 	f.settleLocked(ctx)
 	a := toSFTPAttrs(set)
-	var err error
 	if f.cannotRefuse(set) {
-		err = f.holdSetLocked(ctx, a)
-	} else {
-		err = f.queueLocked(ctx, pendingWrite{set: &a})
-	}
-	if err != nil {
-		f.flushLocked(ctx) //nolint:errcheck // err is the one to report
-		return setattrErrno(f.s.fail(ctx, "fsetstat", f.path, err, nil))
-	}
-	if f.cannotRefuse(set) {
+		// Held like a write, and like a write's its failure, if any, is reported by
+		// the handle's next write, flush or close.
+		f.holdSetLocked(ctx, a)
 		return nil
+	}
+	// The change answers for itself only. A write of the handle's that failed before
+	// it is not its failure: the caller may be a chmod by path borrowing another
+	// descriptor's handle (fusefs), and that write's failure belongs to that
+	// descriptor's close — as on a local file system, where an fchmod does not report
+	// an earlier write-back error either.
+	var own error
+	err := f.enqueueLocked(pendingWrite{set: &a, res: &own})
+	if err == nil {
+		f.drainLocked(ctx)
+		err = own
 	}
 	if set.Valid&SetOwner != 0 {
 		f.created = false // the server's user may own it no more
 	}
-	return setattrErrno(f.s.fail(ctx, "fsetstat", f.path, f.flushLocked(ctx), nil))
+	return setattrErrno(f.s.fail(ctx, "fsetstat", f.path, err, nil))
 }
 
 // cannotRefuse tells a change the server cannot refuse for lack of permission: one

@@ -71,6 +71,7 @@ type pendingWrite struct {
 	off      int64
 	data     []byte
 	set      *sftp.Attrs  // an FSETSTAT queued among the writes instead of a WRITE
+	res      *error       // where a change its caller waits for puts its answer, kept from wb.err
 	c        *sftp.Client // the session it was last sent on
 	w        *sftp.PendingWrite
 	startErr error     // why sending failed, if it did
@@ -289,18 +290,19 @@ func (f *sftpFile) holdLocked(ctx context.Context, pw pendingWrite) error {
 // leave as one FSETSTAT, where each was a request of its own for ssh, sshd and the
 // server's sftp-server. Held data goes out before anything that must follow it (a
 // write, whose mtime a held change of times must not precede), so merging never
-// moves a change past another request.
-func (f *sftpFile) holdSetLocked(ctx context.Context, a sftp.Attrs) error {
+// moves a change past another request. A failure on record is left there for the
+// handle's next write, flush or close.
+func (f *sftpFile) holdSetLocked(ctx context.Context, a sftp.Attrs) {
 	wb := &f.wb
 	if wb.held.Load() {
 		last := &wb.pending[len(wb.pending)-1]
 		if last.set != nil && mergeable(*last.set, a) {
 			mergeAttrs(last.set, a)
-			return f.windowLocked(ctx)
+			return
 		}
 		f.sendHeldLocked()
 	}
-	return f.holdLocked(ctx, pendingWrite{set: &a})
+	f.holdLocked(ctx, pendingWrite{set: &a}) //nolint:errcheck // see above
 }
 
 // mergeable tells whether applying a then b equals applying their union at once. A
@@ -366,6 +368,15 @@ func (f *sftpFile) sendHeldNow() {
 // queueLocked sends pw behind the file's requests in flight and waits for the oldest
 // while the window is full.
 func (f *sftpFile) queueLocked(ctx context.Context, pw pendingWrite) error {
+	if err := f.enqueueLocked(pw); err != nil {
+		return err
+	}
+	return f.windowLocked(ctx)
+}
+
+// enqueueLocked sends pw behind the file's requests in flight; it returns only pw's
+// own failure to go out (a lost connection is dealt with when pw is waited for).
+func (f *sftpFile) enqueueLocked(pw pendingWrite) error {
 	wb := &f.wb
 	if wb.held.Load() {
 		f.sendHeldLocked()
@@ -382,7 +393,7 @@ func (f *sftpFile) queueLocked(ctx context.Context, pw pendingWrite) error {
 		wb.pending = wb.pending[:len(wb.pending)-1]
 		return err
 	}
-	return f.windowLocked(ctx)
+	return nil
 }
 
 // windowLocked waits for the oldest requests while the window is full, and returns the
@@ -414,7 +425,9 @@ func (f *sftpFile) writeWindowLocked() int {
 // waitOldestLocked collects the oldest write's acknowledgement. If its session was
 // lost, the file is reopened (which sends every unacknowledged write again) and the
 // write waited for anew — unless a failure is already on record: then the caller is
-// about to hear of it, and must not wait for more reconnects first.
+// about to hear of it, and must not wait for more reconnects first. (A change whose
+// caller waits for its own answer, res, is not told of that failure: it is reopened
+// for.)
 func (f *sftpFile) waitOldestLocked(ctx context.Context) {
 	wb := &f.wb
 	if wb.held.Load() && len(wb.pending) == 1 {
@@ -428,7 +441,7 @@ func (f *sftpFile) waitOldestLocked(ctx context.Context) {
 		if err == nil {
 			err = pw.w.Wait(ctx)
 		}
-		if !connLost(err) || attempt == maxAttempts || wb.err != nil || ctx.Err() != nil {
+		if !connLost(err) || attempt == maxAttempts || wb.err != nil && pw.res == nil || ctx.Err() != nil {
 			break
 		}
 		if err = f.reopenLocked(ctx, pw.c); err != nil {
@@ -443,11 +456,14 @@ func (f *sftpFile) waitOldestLocked(ctx context.Context) {
 	}
 	wb.countLocked(&wb.pending[0], -1)
 	bufpool.Release(wb.pending[0].data)
-	wb.pending[0] = pendingWrite{}
-	wb.pending = wb.pending[1:]
-	if err != nil && wb.err == nil {
+	switch {
+	case wb.pending[0].res != nil:
+		*wb.pending[0].res = err
+	case err != nil && wb.err == nil:
 		wb.err = err
 	}
+	wb.pending[0] = pendingWrite{}
+	wb.pending = wb.pending[1:]
 }
 
 // flushLocked waits for every write in flight and returns the first error, once:
