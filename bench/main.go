@@ -63,6 +63,11 @@ func main() {
 	)
 	flag.Parse()
 	log.SetFlags(log.Ltime)
+	given := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if err := checkPartialOut(given); err != nil {
+		log.Fatal(err)
+	}
 	// Paths are relative to the repository root, also when run from bench/.
 	if _, err := os.Stat("cmd/muxfs"); err != nil {
 		if err := os.Chdir(".."); err != nil {
@@ -172,6 +177,27 @@ func main() {
 		fatal(err)
 	}
 	log.Printf("wrote %s and charts in %s", *out, *charts)
+}
+
+// checkPartialOut refuses a run of part of the bench (some systems, workloads or
+// RTTs) that would write its report over the complete run's page and charts: a quick
+// check of one workload run so replaced docs/benchmarks.md, the page the README's
+// figures come from. given holds the flags set on the command line.
+func checkPartialOut(given map[string]bool) error {
+	if given["serve"] || given["from-log"] {
+		return nil // -serve writes no report; a log's report is as complete as its run
+	}
+	partial := ""
+	for _, f := range []string{"systems", "workloads", "rtt"} {
+		if given[f] {
+			partial = f
+			break
+		}
+	}
+	if partial == "" || given["out"] && given["charts"] {
+		return nil
+	}
+	return fmt.Errorf("-%s runs part of the bench, whose report would replace the complete run's docs/benchmarks.md or docs/bench/: give both -out FILE.md and -charts DIR", partial)
 }
 
 // prepare makes the data every system reads: the tree, its tarball, Lua's source.
