@@ -1034,9 +1034,15 @@ func (c *Client) ReadDirFunc(ctx context.Context, path string, fn func([]NameEnt
 		firstErr error
 	)
 	for !eof && firstErr == nil {
-		for len(inFlight) < window {
+		// Answers already in are taken before more READDIRs go out: the EOF that
+		// came with a small directory's entries then ends the listing without a
+		// third READDIR (and its write).
+		for len(inFlight) < window && (len(inFlight) == 0 || len(inFlight[0].ch) == 0) {
 			b, id := c.pathRequest(fxpReaddir, h)
-			k, err := c.start(b, id)
+			// All but the last of the READDIRs sent together are deferred, so that
+			// they leave in one write with it: one SSH packet and one wake-up of the
+			// server's side for a directory's two, instead of two.
+			k, err := c.begin(b, id, len(inFlight)+1 < window)
 			if err != nil {
 				firstErr = err
 				break

@@ -507,6 +507,35 @@ func (w *countingWriter) count() int {
 	return w.calls
 }
 
+// TestReadDirWrites: a directory that fits in one reply is listed in two writes: the
+// OPENDIR, whose handle the rest need, then both READDIRs together (the second brings
+// the EOF); the CLOSE waits for the next request. Where the EOF comes after the entries
+// have been taken, the window's next READDIRs go out first, together: three writes.
+// Each READDIR in a write of its own made five.
+func TestReadDirWrites(t *testing.T) {
+	var w *countingWriter
+	c, dir := serveThrough(t, func(in io.WriteCloser) io.Writer {
+		w = &countingWriter{WriteCloser: in}
+		return w
+	})
+	for _, name := range []string{"a", "b", "c"} {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := w.count()
+	entries, err := c.ReadDir(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := w.count() - before; n > 3 {
+		t.Errorf("listing a small directory took %d writes, want 2 or 3", n)
+	}
+	if len(entries) != 5 { // with . and ..
+		t.Errorf("%d entries, want 5", len(entries))
+	}
+}
+
 // TestDeferredRequests: requests nobody waits for yet (writes, attribute changes,
 // closes, an OPEN before its LSTAT) go out with the next request someone waits for,
 // in one write(2) and in order; alone, they go out within deferDelay; a wait for one
