@@ -504,6 +504,9 @@ func (k *call) wait(ctx context.Context) (response, error) {
 
 // discard collects an answer nobody needs, leaving the request deferred (a wait would
 // send it at once).
+// ready tells, without waiting, whether the answer has arrived and is not collected.
+func (k *call) ready() bool { return len(k.ch) > 0 }
+
 func (k *call) discard() {
 	select {
 	case r := <-k.ch:
@@ -985,7 +988,7 @@ func (pw *PendingWrite) Wait(ctx context.Context) error {
 
 // Ready tells, without waiting, whether the answer has arrived (and Wait has not
 // collected it yet).
-func (pw *PendingWrite) Ready() bool { return len(pw.k.ch) > 0 }
+func (pw *PendingWrite) Ready() bool { return pw.k.ready() }
 
 // Answered is when the answer arrived (however much later Wait collected it): the
 // write-behind measures the link by it. Zero before Wait returned.
@@ -1036,18 +1039,19 @@ func (c *Client) ReadDirFunc(ctx context.Context, path string, fn func([]NameEnt
 	for !eof && firstErr == nil {
 		// Answers already in are taken before more READDIRs go out: the EOF that
 		// came with a small directory's entries then ends the listing without a
-		// third READDIR (and its write).
-		for len(inFlight) < window && (len(inFlight) == 0 || len(inFlight[0].ch) == 0) {
-			b, id := c.pathRequest(fxpReaddir, h)
-			// All but the last of the READDIRs sent together are deferred, so that
-			// they leave in one write with it: one SSH packet and one wake-up of the
-			// server's side for a directory's two, instead of two.
-			k, err := c.begin(b, id, len(inFlight)+1 < window)
-			if err != nil {
-				firstErr = err
-				break
+		// third READDIR (and its write). The READDIRs sent together leave in one
+		// write: all but the last are deferred, one SSH packet and one wake-up of
+		// the server's side for a directory's two, instead of two.
+		if len(inFlight) == 0 || !inFlight[0].ready() {
+			for len(inFlight) < window {
+				b, id := c.pathRequest(fxpReaddir, h)
+				k, err := c.begin(b, id, len(inFlight)+1 < window)
+				if err != nil {
+					firstErr = err
+					break
+				}
+				inFlight = append(inFlight, k)
 			}
-			inFlight = append(inFlight, k)
 		}
 		if len(inFlight) == 0 {
 			break
