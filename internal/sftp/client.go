@@ -502,11 +502,11 @@ func (k *call) wait(ctx context.Context) (response, error) {
 	}
 }
 
-// discard collects an answer nobody needs, leaving the request deferred (a wait would
-// send it at once).
 // ready tells, without waiting, whether the answer has arrived and is not collected.
 func (k *call) ready() bool { return len(k.ch) > 0 }
 
+// discard collects an answer nobody needs, leaving the request deferred (a wait would
+// send it at once).
 func (k *call) discard() {
 	select {
 	case r := <-k.ch:
