@@ -598,54 +598,20 @@ var _ = (fs.NodeUnlinker)((*node)(nil))
 // reappears in its place.
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	ctx = uninterruptible(ctx)
-	pvp, l, prel, errno := n.where()
+	l, rel, idx, _, errno := n.removal(ctx, name)
 	if errno != 0 {
 		return errno
 	}
-	if n.fsys.table.Junction(join(pvp, name)) {
-		return syscall.EBUSY
-	}
-	if l == nil {
-		return syscall.ENOENT
-	}
-	rel := backend.Child(prel, name)
-	idx, _, err := holders(ctx, l, rel)
-	if err != nil {
-		return n.fsys.toErrno(err)
-	}
-	if anyReadOnly(l, idx) {
-		return syscall.EROFS
-	}
-	for _, i := range idx {
-		if err := l.Branches[i].Backend.Unlink(ctx, rel); err != nil {
-			return n.fsys.toErrno(err)
-		}
-	}
-	n.dropChild(l, rel, name, idx)
-	return 0
+	return n.removeFrom(l, rel, name, idx, func(b backend.Backend) error { return b.Unlink(ctx, rel) })
 }
 
 var _ = (fs.NodeRmdirer)((*node)(nil))
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	ctx = uninterruptible(ctx)
-	pvp, l, prel, errno := n.where()
+	l, rel, idx, attrs, errno := n.removal(ctx, name)
 	if errno != 0 {
 		return errno
-	}
-	if n.fsys.table.Junction(join(pvp, name)) {
-		return syscall.EBUSY
-	}
-	if l == nil {
-		return syscall.ENOENT
-	}
-	rel := backend.Child(prel, name)
-	idx, attrs, err := holders(ctx, l, rel)
-	if err != nil {
-		return n.fsys.toErrno(err)
-	}
-	if anyReadOnly(l, idx) {
-		return syscall.EROFS
 	}
 	if len(idx) > 1 {
 		// Empty in the union means empty on every member: check all before
@@ -659,8 +625,38 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 			}
 		}
 	}
+	return n.removeFrom(l, rel, name, idx, func(b backend.Backend) error { return b.Rmdir(ctx, rel) })
+}
+
+// removal finds what Unlink or Rmdir of name below n removes: the layer, name's path
+// in it, and the members that hold it (with their attributes, in a union). A mount
+// point and a name on a read-only member are refused before anything is removed.
+func (n *node) removal(ctx context.Context, name string) (l *mux.Layer, rel string, idx []int, attrs []backend.Attr, errno syscall.Errno) {
+	pvp, l, prel, errno := n.where()
+	if errno != 0 {
+		return nil, "", nil, nil, errno
+	}
+	if n.fsys.table.Junction(join(pvp, name)) {
+		return nil, "", nil, nil, syscall.EBUSY
+	}
+	if l == nil {
+		return nil, "", nil, nil, syscall.ENOENT
+	}
+	rel = backend.Child(prel, name)
+	idx, attrs, err := holders(ctx, l, rel)
+	if err != nil {
+		return nil, "", nil, nil, n.fsys.toErrno(err)
+	}
+	if anyReadOnly(l, idx) {
+		return nil, "", nil, nil, syscall.EROFS
+	}
+	return l, rel, idx, attrs, 0
+}
+
+// removeFrom runs remove on each member in idx, in order, and records name as gone.
+func (n *node) removeFrom(l *mux.Layer, rel, name string, idx []int, remove func(backend.Backend) error) syscall.Errno {
 	for _, i := range idx {
-		if err := l.Branches[i].Backend.Rmdir(ctx, rel); err != nil {
+		if err := remove(l.Branches[i].Backend); err != nil {
 			return n.fsys.toErrno(err)
 		}
 	}
