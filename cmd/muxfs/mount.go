@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -70,6 +71,10 @@ func buildConfig(mf mountFlags, args []string) (*config.Config, error) {
 	}
 	if cfg.Options.Debug {
 		cfg.Options.Foreground = true
+		// go-fuse traces every request and its answer through the standard
+		// logger, which stamps whole seconds: with microseconds the trace shows
+		// which requests waited, and for how long.
+		log.SetFlags(log.LstdFlags | log.Lmicroseconds)
 	}
 	if mf.foreground {
 		cfg.Options.Foreground = true

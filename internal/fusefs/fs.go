@@ -3,7 +3,6 @@ package fusefs
 
 import (
 	"context"
-	"log"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -129,9 +128,6 @@ func (f *FS) Mount(mountpoint string, o Options) (*fuse.Server, error) {
 			// answer EOPNOTSUPP without asking again).
 			DisableXAttrs: true,
 			Debug:         o.Debug,
-			// Microseconds in the request trace, so that it shows which requests
-			// waited and for how long (the default log stamps whole seconds).
-			Logger: log.New(os.Stderr, "", log.LstdFlags|log.Lmicroseconds),
 			// muxfs clears set-user-ID and set-group-ID bits itself (dropsPrivs):
 			// the kernel then sends no GETATTR before a change of owner. And an
 			// open with O_TRUNC truncates in its OPEN, where the kernel would
