@@ -61,6 +61,26 @@ func newFreezer(t *testing.T, target string) *freezer {
 
 func (f *freezer) port() int { return f.l.Addr().(*net.TCPAddr).Port }
 
+// mountFrozen mounts server i's data directory through a freezer of its own.
+func (e *env) mountFrozen(i int, args ...string) (*freezer, string) {
+	e.t.Helper()
+	srv := e.servers[i]
+	fz := newFreezer(e.t, "127.0.0.1:"+strconv.Itoa(srv.Port))
+	// The proxy's port must be known to ssh under the server's host key.
+	hostKey, err := os.ReadFile(filepath.Join(srv.Dir, "host_ed25519.pub"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	kh, err := os.OpenFile(e.keys.KnownHosts, os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	fmt.Fprintf(kh, "[127.0.0.1]:%d %s", fz.port(), hostKey)
+	kh.Close()
+	src := fmt.Sprintf("sftp://%s@127.0.0.1:%d%s", srv.User, fz.port(), e.data[i])
+	return fz, e.mount(append([]string{src}, args...)...)
+}
+
 func (f *freezer) set(frozen bool) {
 	f.mu.Lock()
 	f.frozen = frozen
@@ -523,21 +543,7 @@ func TestFaultStopSSHD(t *testing.T) {
 // recovers when the link does.
 func TestFaultFrozenLink(t *testing.T) {
 	e := newEnv(t, 1)
-	srv := e.servers[0]
-	fz := newFreezer(t, "127.0.0.1:"+strconv.Itoa(srv.Port))
-	// The proxy's port must be known to ssh under the server's host key.
-	hostKey, err := os.ReadFile(filepath.Join(srv.Dir, "host_ed25519.pub"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kh, err := os.OpenFile(e.keys.KnownHosts, os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Fprintf(kh, "[127.0.0.1]:%d %s", fz.port(), hostKey)
-	kh.Close()
-	src := fmt.Sprintf("sftp://%s@127.0.0.1:%d%s", srv.User, fz.port(), e.data[0])
-	mp := e.mount(src, "-o", "timeout=3")
+	fz, mp := e.mountFrozen(0, "-o", "timeout=3")
 	w := startWorkload(t, mp, e.data[0])
 	time.Sleep(1500 * time.Millisecond)
 	fz.set(true)

@@ -6,9 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestSSHConfigAndPort: a Host alias from an ssh_config file (-F) and a port given with
@@ -183,9 +185,10 @@ func TestSetIDBitsLikeLocal(t *testing.T) {
 	}
 }
 
-// A change by path to a file another descriptor is still writing goes through that
-// descriptor's handle, behind its writes; it is on the server when chmod(2) returns
-// all the same, since no close of the caller's will wait for it.
+// A change by path, from another process, to a file a descriptor is still writing
+// goes through that descriptor's handle, behind its writes; it is on the server when
+// chmod(2) returns all the same, since no close of the caller's will wait for it.
+// (The opener's own changes do not wait: TestOwnChangesDoNotWaitForTheServer.)
 func TestChmodBesideAnOpenWriterReachesTheServer(t *testing.T) {
 	e := newEnv(t, 1)
 	mp := e.mount(e.source(0, ""))
@@ -199,9 +202,7 @@ func TestChmodBesideAnOpenWriterReachesTheServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, mode := range []os.FileMode{0o600, 0o640, 0o604} {
-		if err := os.Chmod(p, mode); err != nil {
-			t.Fatal(err)
-		}
+		run(t, fmt.Sprintf("chmod %o %s", mode, p))
 		st, err := os.Stat(filepath.Join(e.data[0], "open"))
 		if err != nil {
 			t.Fatal(err)
@@ -209,5 +210,109 @@ func TestChmodBesideAnOpenWriterReachesTheServer(t *testing.T) {
 		if st.Mode().Perm() != mode {
 			t.Errorf("chmod %d: mode %04o on the server once chmod returned, want %04o", i, st.Mode().Perm(), mode)
 		}
+	}
+}
+
+// TestOwnChangesDoNotWaitForTheServer: the changes of attributes the thread that
+// opened a file for writing makes before closing it (tar's fchmod, fchown and
+// futimens, which the kernel sends without a handle, as it does a chmod by path)
+// travel with the file's writes, and its close waits for them; a chmod by path from
+// another process, or from the opener after its close, is on the server when it
+// returns. With the link frozen, the first return and the others do not.
+func TestOwnChangesDoNotWaitForTheServer(t *testing.T) {
+	e := newEnv(t, 1)
+	fz, mp := e.mountFrozen(0)
+	t.Cleanup(func() { fz.set(false) })
+	p := filepath.Join(mp, "f")
+
+	// The opener's calls run on one locked thread: the kernel names the calling
+	// thread, not the process.
+	type call struct {
+		fn   func() error
+		done chan error
+	}
+	calls := make(chan call)
+	defer close(calls)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		for c := range calls {
+			c.done <- c.fn()
+		}
+	}()
+	opener := func(fn func() error) chan error {
+		done := make(chan error, 1)
+		calls <- call{fn, done}
+		return done
+	}
+	returns := func(what string, done chan error) {
+		t.Helper()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		case <-time.After(10 * time.Second):
+			fz.set(false)
+			t.Fatalf("%s waited for the frozen server", what)
+		}
+	}
+	waits := func(what string, done chan error) {
+		t.Helper()
+		select {
+		case err := <-done:
+			t.Fatalf("%s returned (%v) while the link was frozen", what, err)
+		case <-time.After(500 * time.Millisecond):
+		}
+		fz.set(false)
+		if err := <-done; err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	serverMode := func() os.FileMode {
+		t.Helper()
+		st, err := os.Stat(filepath.Join(e.data[0], "f"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Mode().Perm()
+	}
+
+	var f *os.File
+	returns("create, write and fsync", opener(func() (err error) {
+		if f, err = os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600); err != nil {
+			return err
+		}
+		if _, err = f.WriteString("data"); err != nil {
+			return err
+		}
+		return f.Sync()
+	}))
+	mtime := time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC)
+	fz.set(true)
+	returns("the opener's fchmod and futimens", opener(func() error {
+		if err := f.Chmod(0o640); err != nil {
+			return err
+		}
+		tv := syscall.NsecToTimeval(mtime.UnixNano())
+		return syscall.Futimes(int(f.Fd()), []syscall.Timeval{tv, tv})
+	}))
+	chmod := make(chan error, 1)
+	go func() { chmod <- exec.Command("chmod", "604", p).Run() }()
+	waits("a chmod by path from another process", chmod)
+	if m := serverMode(); m != 0o604 {
+		t.Errorf("mode %04o on the server once chmod returned, want 0604", m)
+	}
+	returns("the opener's close", opener(func() error { return f.Close() }))
+	st, err := os.Stat(filepath.Join(e.data[0], "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.ModTime().Equal(mtime) {
+		t.Errorf("mtime %v on the server after close, want %v", st.ModTime(), mtime)
+	}
+	fz.set(true)
+	waits("the opener's chmod by path after its close", opener(func() error { return os.Chmod(p, 0o600) }))
+	if m := serverMode(); m != 0o600 {
+		t.Errorf("mode %04o on the server once the opener's chmod returned, want 0600", m)
 	}
 }

@@ -464,7 +464,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	}
 	inode := n.newEntry(ctx, name, vp, l, rel, idx, f.OpenedAttr(), out)
 	child := inode.Operations().(*node)
-	h := child.addHandle(f, openFlags(flags)|os.O_WRONLY)
+	h := child.addHandle(ctx, f, openFlags(flags)|os.O_WRONLY)
 	h.mode = child.openMode(false, false, f.OpenedAttr())
 	var fuseFlags uint32
 	if h.mode == modeDirect {

@@ -71,7 +71,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 			}
 		}
 	}
-	h := n.addHandle(f, fl)
+	h := n.addHandle(ctx, f, fl)
 	if privs.Valid != 0 {
 		h.applied(privs)
 	}
@@ -234,8 +234,11 @@ func (n *node) keepCache(a backend.Attr) bool {
 
 // addHandle registers an open file with its node, so that other operations on the
 // node can wait for its writes.
-func (n *node) addHandle(f backend.File, flags int) *fileHandle {
+func (n *node) addHandle(ctx context.Context, f backend.File, flags int) *fileHandle {
 	h := &fileHandle{f: f, n: n, st: n.fst(), writable: writes(flags), appending: flags&os.O_APPEND != 0, attr: f.OpenedAttr()}
+	if c, ok := fuse.FromContext(ctx); ok {
+		h.opener = c.Pid
+	}
 	if h.writable {
 		n.mu.Lock()
 		if h.st.writers == nil {
@@ -351,6 +354,26 @@ type fileHandle struct {
 	// which nobody may borrow it.
 	use      sync.RWMutex
 	released bool
+
+	// opener is the thread that opened the handle (the kernel's request pid is the
+	// calling thread's id), and closed is set at its first FLUSH: until then a change
+	// of attributes that thread makes is its own, and its close(2) is still to come
+	// (ownChange).
+	opener uint32
+	closed atomic.Bool
+}
+
+// ownChange tells whether a change of attributes without a handle comes from the
+// thread that opened h for writing, before any close(2) of it: then that close waits
+// for the change and reports its failure, as it does for the writes, and the change
+// need not be waited for now. The kernel passes a handle with ftruncate only, not
+// with fchmod, fchown or futimens, so this is how tar's changes to the file it is
+// writing (three per file) are told from a chmod by path beside an open writer, or
+// after close(2) while the RELEASE is still to come, which must be on the server when
+// they return.
+func (h *fileHandle) ownChange(ctx context.Context) bool {
+	c, ok := fuse.FromContext(ctx)
+	return ok && h.opener != 0 && c.Pid == h.opener && !h.closed.Load()
 }
 
 // localAttr is the file's attributes including this handle's writes so far.
@@ -467,6 +490,7 @@ var _ = (fs.FileFlusher)((*fileHandle)(nil))
 // handle, with the error of any write that failed (close-to-open consistency).
 func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	ctx = uninterruptible(ctx)
+	h.closed.Store(true)
 	if !h.writable || h.untouched() {
 		// Nothing went to the server through this handle (a file created or opened
 		// for writing and closed untouched: bonnie++'s creates, a lock file): the

@@ -431,7 +431,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		n.drainWriters(ctx, h)
 		h.sending()
 		err = h.f.SetAttr(ctx, set)
-		if err == nil && asFileHandle(fh) != h {
+		if err == nil && asFileHandle(fh) != h && !h.ownChange(ctx) {
 			// A change by path (chmod after close(2), the RELEASE still to come)
 			// has no close of its own to wait for it: the handle may have held it,
 			// so it is on the server before the caller goes on. Drain, not Flush:
