@@ -469,6 +469,32 @@ func (m *Meta) Dirtied(source int, p string) {
 	}
 }
 
+// Settled records the server's attributes a of p after the changes made to it through
+// a handle now closed, asked for (FSTAT) after them: stat and lookup answer with them,
+// from p's own entry and from its parent's listing, until the TTL. If p changed since
+// stamp was taken, before that FSTAT, it is only Dirtied.
+func (m *Meta) Settled(source int, p string, a backend.Attr, stamp uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	fresh := m.gens[slot(source, p)] == stamp
+	name, d := m.forgetLocked(source, p)
+	if !fresh {
+		if d != nil {
+			d.markDirty(name)
+		}
+		return
+	}
+	if d != nil && d.put(backend.Entry{Name: name, Attr: a}) {
+		m.entries++
+	}
+	now := time.Now()
+	k := key{source, p}
+	m.attrs[k] = attrEntry{attr: a, expires: now.Add(m.TTL)}
+	m.entries++
+	m.indexLocked(k)
+	m.trimLocked(now)
+}
+
 // Arrived records that p now exists, put there through muxfs with attributes that
 // are not known (a rename of a file just written): its directory's listing keeps
 // answering for its other names and for missing ones, and p's attributes are asked
@@ -962,6 +988,17 @@ func (s *Source) changedContent(p string) {
 	}
 }
 
+// settledContent is changedContent for a file closed with attributes a from its last
+// Stat, asked for after every change made through it, stamp taken before.
+func (s *Source) settledContent(p string, a backend.Attr, stamp uint64) {
+	defer s.record()()
+	s.meta.Settled(s.id, p, a, stamp)
+	if s.persist != nil {
+		dir, _ := parentOf(p)
+		s.persist.ForgetListing(dir)
+	}
+}
+
 // changedTree is changed for a path whose whole subtree changes (rmdir, rename).
 func (s *Source) changedTree(p string) {
 	defer s.record()()
@@ -1155,11 +1192,19 @@ func (s *Source) Open(ctx context.Context, p string, flags int, mode uint32) (ba
 	return f, nil
 }
 
-// file drops the cached attributes of a file being written as it changes.
+// file drops the cached attributes of a file being written as it changes, and at its
+// close keeps what its last Stat found, when nothing changed the path since: make
+// stats every object it has just had written before it runs ar, and the next stat
+// after a close was otherwise a round trip each.
 type file struct {
 	backend.File
 	s    *Source
 	path string
+
+	mu      sync.Mutex
+	stat    backend.Attr // the last Stat's answer, if statted
+	statted bool
+	stamp   uint64 // the path's stamp before that Stat
 }
 
 func (f *file) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
@@ -1173,16 +1218,31 @@ func (f *file) SetAttr(ctx context.Context, set backend.SetAttr) error {
 }
 
 func (f *file) Close(ctx context.Context) error {
-	defer f.s.changedContent(f.path)
-	return f.File.Close(ctx)
+	err := f.File.Close(ctx)
+	f.mu.Lock()
+	a, statted, stamp := f.stat, f.statted, f.stamp
+	f.mu.Unlock()
+	if err != nil || !statted {
+		f.s.changedContent(f.path)
+		return err
+	}
+	f.s.settledContent(f.path, a, stamp)
+	return nil
 }
 
 // Stat waits for the file's writes: its answer is what the file now is, kept for an
-// offline mount.
+// offline mount and, if nothing changes the path before, for after the close.
 func (f *file) Stat(ctx context.Context) (backend.Attr, error) {
+	stamp := f.s.meta.stamp(f.s.id, f.path)
 	a, err := f.File.Stat(ctx)
-	if err == nil && f.s.persist != nil {
+	if err != nil {
+		return a, err
+	}
+	f.mu.Lock()
+	f.stat, f.statted, f.stamp = a, true, stamp
+	f.mu.Unlock()
+	if f.s.persist != nil {
 		f.s.persist.SaveAttr(f.path, a)
 	}
-	return a, err
+	return a, nil
 }

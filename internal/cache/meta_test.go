@@ -1567,3 +1567,94 @@ func TestOwnChangesMoveDirectoryTimes(t *testing.T) {
 		}
 	}
 }
+
+// TestCloseKeepsSettledAttributes: a file closed after a Stat (the FUSE layer's at
+// close(2), which waits for every write) keeps that Stat's answer for the stats after
+// it (make's of every object before it runs ar), unless the path changed after the
+// Stat; a file closed unstatted is asked for again, as before.
+func TestCloseKeepsSettledAttributes(t *testing.T) {
+	ctx := context.Background()
+	s, c, dir := newSource(t, time.Minute, nil)
+	if _, err := s.ReadDir(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	write := func(p, data string, between func(f backend.File)) {
+		t.Helper()
+		f, err := s.Open(ctx, p, os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt(ctx, []byte(data), 0); err != nil {
+			t.Fatal(err)
+		}
+		if between != nil {
+			between(f)
+		}
+		if err := f.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stat := func(f backend.File) {
+		if _, err := f.Stat(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	asks := func(p string, want int64, size int64) {
+		t.Helper()
+		before := c.lstats.Load()
+		a, err := s.Lstat(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Size != size {
+			t.Errorf("%s: size %d, want %d", p, a.Size, size)
+		}
+		if got := c.lstats.Load() - before; got != want {
+			t.Errorf("%s: the stat after close sent %d LSTATs, want %d", p, got, want)
+		}
+		entries, _ := s.ReadDir(ctx, "")
+		for _, e := range entries {
+			if e.Name == path.Base(p) && e.Attr.Size != size {
+				t.Errorf("%s: size %d in the listing, want %d", p, e.Attr.Size, size)
+			}
+		}
+	}
+
+	write("settled", "12345", stat)
+	asks("settled", 0, 5)
+	if st, _ := os.Stat(dir + "/settled"); st.ModTime().UnixNano() != mustLstat(t, s, "settled").Mtime.UnixNano() {
+		t.Error("the kept mtime is not the source's")
+	}
+
+	write("unstatted", "123", nil)
+	asks("unstatted", 1, 3)
+
+	// Written after its Stat: the Stat's answer is old.
+	write("written-after", "1", func(f backend.File) {
+		stat(f)
+		if _, err := f.WriteAt(ctx, []byte("23"), 1); err != nil {
+			t.Fatal(err)
+		}
+	})
+	asks("written-after", 1, 3)
+
+	// Changed by another way after the Stat (another descriptor's write, a
+	// truncation by path): its close keeps nothing.
+	write("changed-beside", "1234", func(f backend.File) {
+		stat(f)
+		if err := os.Truncate(dir+"/changed-beside", 2); err != nil {
+			t.Fatal(err)
+		}
+		s.Changed("changed-beside")
+	})
+	asks("changed-beside", 1, 2)
+}
+
+func mustLstat(t *testing.T, s *Source, p string) backend.Attr {
+	t.Helper()
+	a, err := s.Lstat(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
