@@ -299,7 +299,11 @@ func putEntry[V any](m *Meta, entries map[key]V, source int, p string, v V, now 
 	if m.gens[slot(source, p)] != stamp {
 		return
 	}
-	k := key{source, p}
+	putLocked(m, entries, key{source, p}, v, now)
+}
+
+// putLocked is putEntry's store, for a caller holding m.mu that has checked its stamp.
+func putLocked[V any](m *Meta, entries map[key]V, k key, v V, now time.Time) {
 	if _, had := entries[k]; !had {
 		m.entries++
 		m.indexLocked(k)
@@ -488,11 +492,7 @@ func (m *Meta) Settled(source int, p string, a backend.Attr, stamp uint64) {
 		m.entries++
 	}
 	now := time.Now()
-	k := key{source, p}
-	m.attrs[k] = attrEntry{attr: a, expires: now.Add(m.TTL)}
-	m.entries++
-	m.indexLocked(k)
-	m.trimLocked(now)
+	putLocked(m, m.attrs, key{source, p}, attrEntry{attr: a, expires: now.Add(m.TTL)}, now)
 }
 
 // Arrived records that p now exists, put there through muxfs with attributes that
