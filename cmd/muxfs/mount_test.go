@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log"
 	"testing"
 	"time"
 
@@ -17,6 +18,9 @@ func TestUnescapeMountinfo(t *testing.T) {
 }
 
 func TestBuildConfig(t *testing.T) {
+	flags := log.Flags()
+	t.Cleanup(func() { log.SetFlags(flags) })
+	log.SetFlags(log.LstdFlags)
 	cfg, err := buildConfig(mountFlags{options: []string{"max_conns=2", "ro"}, port: 2222, debug: true},
 		[]string{"h1:/a", "u@h2:b", "/mnt/x"})
 	if err != nil {
@@ -28,6 +32,9 @@ func TestBuildConfig(t *testing.T) {
 	}
 	if len(cfg.Mounts) != 1 || len(cfg.Mounts[0].Sources) != 2 || cfg.Mounts[0].Policy != config.PolicyEPFF {
 		t.Errorf("mounts: %+v", cfg.Mounts)
+	}
+	if log.Flags()&log.Lmicroseconds == 0 {
+		t.Error("-d leaves the request trace stamped in whole seconds")
 	}
 	if got := fsName(cfg); got != "h1:/a+1" {
 		t.Errorf("fsname: %q", got)
