@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/muxfs/muxfs/internal/backend"
+	"github.com/muxfs/muxfs/internal/procs"
 )
 
 // openFlags keeps the open(2) flags a backend acts on; the kernel has dealt with the
@@ -453,6 +454,7 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	if err != nil && err != io.EOF && n == 0 {
 		return nil, h.n.fsys.toErrno(err)
 	}
+	procs.Moved(n) // a stream starting on a quiet mount gets every CPU at once
 	if h.mode == modeCached && !h.paging.Load() {
 		h.paging.Store(true)
 		h.n.mu.Lock()
@@ -475,6 +477,7 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 	if err != nil {
 		return uint32(n), h.n.fsys.toErrno(err)
 	}
+	procs.Moved(n)
 	if h.mode == modeCached {
 		// The written pages stay in the kernel's page cache: noted at flush and
 		// release, once the version they make is known (written).

@@ -15,7 +15,8 @@
 // only reading /dev/fuse through the runtime's poller (a fork of go-fuse) would end.
 // A single P also caps what muxfs can do in parallel — decrypting several
 // sessions' streams, answering many requests at once — so the controller gives the
-// mount every CPU back as soon as it uses more than half of one.
+// mount every CPU back as soon as it uses more than half of one, and at once when data
+// starts to stream through it (Moved).
 package procs
 
 import (
@@ -23,6 +24,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -36,11 +38,48 @@ const (
 	quietFor = 4   // intervals (one second)
 )
 
+// burstBytes of file data read or written through the mount within one interval give
+// it every CPU at once (Moved), without waiting for the interval's end. A stream that
+// starts on a quiet mount — a copy, a sequential read or write — ran its first quarter
+// to half second on one P, until the next tick or the one after saw the CPU it used;
+// a 128 MiB copy at 0 ms lasts less than a second here. A build does not move that
+// much in an interval (docs/design.md, "The Go runtime's monitor thread").
+const burstBytes = 4 << 20
+
+// What Moved and the loop share: whether the mount runs on one P, the bytes moved
+// since the last tick, and a nudge to the loop (it alone sets GOMAXPROCS).
+var (
+	single atomic.Bool
+	moved  atomic.Int64
+	burst  = make(chan struct{}, 1)
+)
+
+// Moved counts n bytes of file data read or written through the mount; on one P, a
+// burst of them gives the mount every CPU at once.
+func Moved(n int) {
+	if !single.Load() {
+		return
+	}
+	if moved.Add(int64(n)) >= burstBytes {
+		select {
+		case burst <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // controller decides; adapt feeds it the process' CPU time and applies its verdicts.
 type controller struct {
 	max   int // the runtime's default: what a busy mount gets
 	cur   int
 	quiet int // intervals in a row below quietAt
+}
+
+// busy gives every P back at once.
+func (c *controller) busy() int {
+	c.quiet = 0
+	c.cur = c.max
+	return c.cur
 }
 
 // step takes the CPU time the process used during the last interval of length d and
@@ -49,8 +88,7 @@ func (c *controller) step(used, d time.Duration) int {
 	share := float64(used) / float64(d)
 	switch {
 	case share > busyAt:
-		c.quiet = 0
-		c.cur = c.max
+		c.busy()
 	case share < quietAt:
 		c.quiet++
 		if c.quiet >= quietFor {
@@ -83,29 +121,45 @@ func adapt(ctx context.Context, log *slog.Logger, cpu func() (time.Duration, boo
 		return
 	}
 	before := time.Now()
+	defer single.Store(false)
+	apply := func(was, n int, why string) {
+		if n == was {
+			return
+		}
+		// A change stops the world for a moment; the hysteresis makes it rare.
+		if n == 1 {
+			runtime.GOMAXPROCS(1)
+			// A nudge sent as the last switch up was made belongs to that burst.
+			select {
+			case <-burst:
+			default:
+			}
+		} else {
+			// The default again, and the runtime's own updates of it (a container's
+			// CPU limit changing) with it.
+			runtime.SetDefaultGOMAXPROCS()
+			c.max = runtime.GOMAXPROCS(0)
+			c.cur = c.max
+		}
+		single.Store(c.cur == 1)
+		log.Debug("GOMAXPROCS", "from", was, "to", c.cur, "why", why)
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-burst:
+			if was := c.cur; was == 1 {
+				apply(was, c.busy(), "data streaming")
+			}
 		case now := <-ticks:
 			used, ok := cpu()
 			if !ok {
 				return
 			}
+			moved.Store(0)
 			was := c.cur
-			if n := c.step(used-last, now.Sub(before)); n != was {
-				// A change stops the world for a moment; the hysteresis makes it rare.
-				if n == 1 {
-					runtime.GOMAXPROCS(1)
-				} else {
-					// The default again, and the runtime's own updates of it (a
-					// container's CPU limit changing) with it.
-					runtime.SetDefaultGOMAXPROCS()
-					c.max = runtime.GOMAXPROCS(0)
-					c.cur = c.max
-				}
-				log.Debug("GOMAXPROCS", "from", was, "to", c.cur)
-			}
+			apply(was, c.step(used-last, now.Sub(before)), "CPU used")
 			last, before = used, now
 		}
 	}

@@ -85,3 +85,52 @@ func TestAdapt(t *testing.T) {
 		t.Fatalf("busy: GOMAXPROCS %d, want %d", n, all)
 	}
 }
+
+// TestMovedGivesEveryCPUAtOnce: on one P, burstBytes of data moved within an interval
+// give the mount every P before the interval ends; less does not, and the count starts
+// over at each tick.
+func TestMovedGivesEveryCPUAtOnce(t *testing.T) {
+	all := runtime.GOMAXPROCS(0)
+	if all < 2 {
+		t.Skip("needs two CPUs")
+	}
+	defer runtime.SetDefaultGOMAXPROCS()
+	ticks := make(chan time.Time)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		adapt(ctx, slog.New(slog.DiscardHandler), func() (time.Duration, bool) { return 0, true }, ticks)
+		close(done)
+	}()
+	defer func() { cancel(); <-done }()
+	now := time.Now()
+	tick := func() {
+		now = now.Add(interval)
+		ticks <- now
+	}
+	for range quietFor + 1 {
+		tick()
+	}
+	if n := runtime.GOMAXPROCS(0); n != 1 {
+		t.Fatalf("quiet: GOMAXPROCS %d, want 1", n)
+	}
+	// Half a burst, a tick, half a burst: never a burst within one interval. The
+	// loop has dealt with a tick (and any nudge before it) once it takes the next.
+	Moved(burstBytes / 2)
+	tick()
+	tick()
+	Moved(burstBytes / 2)
+	tick()
+	tick()
+	if n := runtime.GOMAXPROCS(0); n != 1 {
+		t.Fatalf("half a burst in each of two intervals: GOMAXPROCS %d, want 1", n)
+	}
+	Moved(burstBytes)
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.GOMAXPROCS(0) != all {
+		if time.Now().After(deadline) {
+			t.Fatalf("a burst on one P: GOMAXPROCS %d, want %d without a tick", runtime.GOMAXPROCS(0), all)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
