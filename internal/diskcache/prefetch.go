@@ -31,17 +31,27 @@ const (
 )
 
 type prefetcher struct {
-	slots chan struct{}
-
 	mu        sync.Mutex
 	walkUntil time.Time
 	dirs      map[string]time.Time // directories scheduled, when
-	busy      map[string]bool      // files being fetched
+	busy      map[string]bool      // files queued or being fetched
+	// queue holds the files scheduled and not started, fetched in order by up to
+	// prefetchParallel workers. A directory the walk is reading moves to the front
+	// (toFront): the listings fetched ahead of a walk schedule whole levels of the
+	// tree, so the order scheduled is not the walk's, and a cold `grep -r` read files
+	// of the directory it was in before their prefetch had started.
+	queue   []prefetchJob
+	queued  map[string]int // of the queue's files, how many each directory has
+	workers int
+}
+
+type prefetchJob struct {
+	dir, path string
+	listed    backend.Attr
 }
 
 func newPrefetcher() *prefetcher {
-	return &prefetcher{slots: make(chan struct{}, prefetchParallel), dirs: map[string]time.Time{},
-		busy: map[string]bool{}}
+	return &prefetcher{dirs: map[string]time.Time{}, busy: map[string]bool{}, queued: map[string]int{}}
 }
 
 // wholeRead notes that a small file was read from start to end: a content walk.
@@ -56,12 +66,33 @@ func (s *Source) wholeRead(p string) {
 	pf.walkUntil = now.Add(walkLinger)
 	done := pf.scheduledLocked(dir, now)
 	pf.mu.Unlock()
-	if done {
-		return // no need to read its listing again
+	if !done {
+		if list, _, ok := s.st.LoadListing(dir); ok {
+			s.prefetchDir(dir, list)
+		}
 	}
-	if list, _, ok := s.st.LoadListing(dir); ok {
-		s.prefetchDir(dir, list)
+	pf.toFront(dir) // the walk reads this directory now
+}
+
+// toFront moves the queued files of dir ahead of the others, keeping their order.
+func (pf *prefetcher) toFront(dir string) {
+	pf.mu.Lock()
+	defer pf.mu.Unlock()
+	if pf.queued[dir] == 0 || pf.queue[0].dir == dir {
+		return
 	}
+	front := make([]prefetchJob, 0, len(pf.queue))
+	for _, j := range pf.queue {
+		if j.dir == dir {
+			front = append(front, j)
+		}
+	}
+	for _, j := range pf.queue {
+		if j.dir != dir {
+			front = append(front, j)
+		}
+	}
+	pf.queue = front
 }
 
 // listed is told of every listing fetched or handed out: during a content walk, the
@@ -113,26 +144,45 @@ func (s *Source) prefetchDir(dir string, list []backend.Entry) {
 		}
 		p := backend.Child(dir, e.Name)
 		pf.mu.Lock()
-		if pf.busy[p] {
-			pf.mu.Unlock()
-			continue
+		if !pf.busy[p] {
+			pf.busy[p] = true
+			pf.queue = append(pf.queue, prefetchJob{dir: dir, path: p, listed: e.Attr})
+			pf.queued[dir]++
+			if pf.workers < prefetchParallel {
+				pf.workers++
+				go s.prefetchWorker()
+			}
 		}
-		pf.busy[p] = true
 		pf.mu.Unlock()
-		go s.prefetchFile(p, e.Attr)
+	}
+}
+
+// prefetchWorker fetches queued files, first in the queue first, until none is left.
+func (s *Source) prefetchWorker() {
+	pf := s.pf
+	for {
+		pf.mu.Lock()
+		if len(pf.queue) == 0 {
+			pf.workers--
+			pf.mu.Unlock()
+			return
+		}
+		j := pf.queue[0]
+		pf.queue[0] = prefetchJob{}
+		pf.queue = pf.queue[1:]
+		if pf.queued[j.dir]--; pf.queued[j.dir] == 0 {
+			delete(pf.queued, j.dir)
+		}
+		pf.mu.Unlock()
+		s.prefetchFile(j.path, j.listed)
+		pf.mu.Lock()
+		delete(pf.busy, j.path)
+		pf.mu.Unlock()
 	}
 }
 
 // prefetchFile makes sure p is cached whole, as the server has it now.
 func (s *Source) prefetchFile(p string, listed backend.Attr) {
-	pf := s.pf
-	defer func() {
-		pf.mu.Lock()
-		delete(pf.busy, p)
-		pf.mu.Unlock()
-	}()
-	pf.slots <- struct{}{}
-	defer func() { <-pf.slots }()
 	if s.st.holdsWhole(p, listed) {
 		return // as the listing, just fetched, says the server has it
 	}

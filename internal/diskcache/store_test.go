@@ -34,6 +34,8 @@ type counting struct {
 	// duringUnlink, if set, runs while an unlink is in flight, before the server
 	// acts on it.
 	duringUnlink func()
+	// duringOpen, if set, runs at each open, before the server acts on it.
+	duringOpen func(p string)
 }
 
 func (c *counting) Unlink(ctx context.Context, p string) error {
@@ -51,6 +53,9 @@ func (c *counting) Lstat(ctx context.Context, p string) (backend.Attr, error) {
 func (c *counting) Open(ctx context.Context, p string, flags int, mode uint32) (backend.File, error) {
 	if c.down.Load() {
 		return nil, &backend.Error{Op: "open", Path: p, Errno: syscall.EIO, Cause: backend.ErrUnavailable}
+	}
+	if c.duringOpen != nil {
+		c.duringOpen(p)
 	}
 	f, err := c.Backend.Open(ctx, p, flags, mode)
 	if err != nil {
