@@ -5,6 +5,7 @@ import (
 	"os"
 	"path"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,6 +19,12 @@ import (
 // small files read, it fetches the other small files of every directory the walk
 // lists, several at once, into the cache; the walk's open then finds its file cached,
 // and costs the one request of its close-to-open check (Source.openCached).
+//
+// The walk is recognised at its first whole read, after it has listed a directory
+// or more (and the listing prefetch has fetched more ahead of it): the directories
+// listed just before are scheduled then (recentDirs). A directory the walk enters
+// goes to the front of the queue, and an open of a file whose fetch is under way
+// waits for it (awaitFetch) rather than asking the server for the same bytes.
 const (
 	// prefetchMaxSize: larger files are left to the read path's own read-ahead.
 	prefetchMaxSize = 256 << 10
@@ -28,6 +35,9 @@ const (
 	// walkLinger: a walk counts as reading contents this long after its last whole
 	// read of a small file.
 	walkLinger = 2 * time.Second
+	// recentDirs bounds the directories listed before a walk is recognised that are
+	// scheduled when it is.
+	recentDirs = 64
 )
 
 type prefetcher struct {
@@ -43,6 +53,18 @@ type prefetcher struct {
 	queue   []prefetchJob
 	queued  map[string]int // of the queue's files, how many each directory has
 	workers int
+	// fetching holds, for each file being fetched, a channel closed when it is done.
+	fetching map[string]chan struct{}
+	// openTook is how long the last fetch's open took, in ns: what an open on the
+	// server costs now, which bounds awaitFetch.
+	openTook atomic.Int64
+	// recent: directories listed while no walk was seen, newest last.
+	recent []recentDir
+}
+
+type recentDir struct {
+	dir string
+	at  time.Time
 }
 
 type prefetchJob struct {
@@ -51,7 +73,8 @@ type prefetchJob struct {
 }
 
 func newPrefetcher() *prefetcher {
-	return &prefetcher{dirs: map[string]time.Time{}, busy: map[string]bool{}, queued: map[string]int{}}
+	return &prefetcher{dirs: map[string]time.Time{}, busy: map[string]bool{}, queued: map[string]int{},
+		fetching: map[string]chan struct{}{}}
 }
 
 // wholeRead notes that a small file was read from start to end: a content walk.
@@ -63,15 +86,32 @@ func (s *Source) wholeRead(p string) {
 	pf := s.pf
 	now := time.Now()
 	pf.mu.Lock()
+	var before []recentDir
+	if !now.Before(pf.walkUntil) {
+		before, pf.recent = pf.recent, nil // a walk starts
+	}
 	pf.walkUntil = now.Add(walkLinger)
-	done := pf.scheduledLocked(dir, now)
+	pf.mu.Unlock()
+	for _, r := range before {
+		if now.Sub(r.at) < walkLinger {
+			s.prefetchStored(r.dir)
+		}
+	}
+	s.prefetchStored(dir)
+	pf.toFront(dir) // the walk reads this directory now
+}
+
+// prefetchStored schedules the files of dir's stored listing, unless done lately.
+func (s *Source) prefetchStored(dir string) {
+	pf := s.pf
+	pf.mu.Lock()
+	done := pf.scheduledLocked(dir, time.Now())
 	pf.mu.Unlock()
 	if !done {
 		if list, _, ok := s.st.LoadListing(dir); ok {
 			s.prefetchDir(dir, list)
 		}
 	}
-	pf.toFront(dir) // the walk reads this directory now
 }
 
 // toFront moves the queued files of dir ahead of the others, keeping their order.
@@ -95,15 +135,26 @@ func (pf *prefetcher) toFront(dir string) {
 	pf.queue = front
 }
 
-// listed is told of every listing fetched or handed out: during a content walk, the
-// small files in it are fetched ahead.
-func (s *Source) listed(dir string, list []backend.Entry) {
+// listed is told of every listing fetched or handed out (entered: to a user, the walk
+// entering the directory): during a content walk, the small files in it are fetched
+// ahead, those of a directory entered first.
+func (s *Source) listed(dir string, list []backend.Entry, entered bool) {
 	pf := s.pf
+	now := time.Now()
 	pf.mu.Lock()
-	walking := time.Now().Before(pf.walkUntil)
+	walking := now.Before(pf.walkUntil)
+	if !walking {
+		if len(pf.recent) == recentDirs {
+			pf.recent = append(pf.recent[:0], pf.recent[1:]...)
+		}
+		pf.recent = append(pf.recent, recentDir{dir, now})
+	}
 	pf.mu.Unlock()
 	if walking {
 		s.prefetchDir(dir, list)
+		if entered {
+			pf.toFront(dir)
+		}
 	}
 }
 
@@ -173,11 +224,15 @@ func (s *Source) prefetchWorker() {
 		if pf.queued[j.dir]--; pf.queued[j.dir] == 0 {
 			delete(pf.queued, j.dir)
 		}
+		done := make(chan struct{})
+		pf.fetching[j.path] = done
 		pf.mu.Unlock()
 		s.prefetchFile(j.path, j.listed)
 		pf.mu.Lock()
 		delete(pf.busy, j.path)
+		delete(pf.fetching, j.path)
 		pf.mu.Unlock()
+		close(done)
 	}
 }
 
@@ -188,10 +243,12 @@ func (s *Source) prefetchFile(p string, listed backend.Attr) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	start := time.Now()
 	bf, err := s.Backend.Open(ctx, p, os.O_RDONLY, 0)
 	if err != nil {
 		return
 	}
+	s.pf.openTook.Store(int64(time.Since(start)))
 	a := bf.OpenedAttr()
 	f := &file{File: bf, e: s.st.acquire(p, a), s: s, prefetch: true}
 	defer f.Close(ctx) //nolint:errcheck // read-only: nothing to lose
@@ -213,15 +270,46 @@ func (s *Source) prefetchFile(p string, listed backend.Attr) {
 // check (LSTAT: size and mtime as the server has them now), instead of the OPEN and
 // FSTAT of a remote open; the data then comes from the cache alone. ok false: not
 // cached whole, changed, or not plainly readable — open it on the server.
+//
+// A file the content prefetch is fetching is checked the same way, the fetch
+// finishing meanwhile.
 func (s *Source) openCached(ctx context.Context, p string) (backend.File, bool) {
-	if !s.st.holdsSome(p) {
+	start := time.Now()
+	fetch := s.pf.fetchOf(p)
+	if fetch == nil && !s.st.holdsSome(p) {
 		return nil, false
 	}
 	a, err := s.Backend.Lstat(ctx, p)
 	if err != nil {
 		return nil, false
 	}
+	s.pf.awaitFetch(ctx, fetch, start)
 	return s.openWhole(p, a)
+}
+
+// fetchOf returns the channel closed when the prefetch's fetch of p is done, nil if
+// none is under way.
+func (pf *prefetcher) fetchOf(p string) chan struct{} {
+	pf.mu.Lock()
+	defer pf.mu.Unlock()
+	return pf.fetching[p]
+}
+
+// awaitFetch waits for a fetch (nil: none) to finish, at most until two server
+// opens' time after start: an open on the server, and the first read that follows
+// it, would take about that long.
+func (pf *prefetcher) awaitFetch(ctx context.Context, fetch chan struct{}, start time.Time) {
+	took := time.Duration(pf.openTook.Load())
+	if fetch == nil || took == 0 {
+		return
+	}
+	t := time.NewTimer(time.Until(start.Add(2 * took)))
+	defer t.Stop()
+	select {
+	case <-fetch:
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // OpenTrusted opens p from the cache alone, taking a as the server's attributes: the
@@ -231,6 +319,7 @@ func (s *Source) OpenTrusted(p string, a backend.Attr) (backend.File, bool) {
 	if !s.data || s.Offline() {
 		return nil, false
 	}
+	s.pf.awaitFetch(context.Background(), s.pf.fetchOf(p), time.Now())
 	return s.openWhole(p, a)
 }
 

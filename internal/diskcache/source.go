@@ -46,13 +46,13 @@ type persister struct {
 func (p persister) SaveListing(dir string, list []backend.Entry, at time.Time) {
 	p.Store.SaveListing(dir, list, at)
 	if p.s.data {
-		p.s.listed(dir, list) // fetched ahead of a walk (cache.Prefetcher)
+		p.s.listed(dir, list, false) // fetched ahead of a walk (cache.Prefetcher)
 	}
 }
 
 func (p persister) Listed(dir string, list []backend.Entry) {
 	if p.s.data {
-		p.s.listed(dir, list) // reached by a walk
+		p.s.listed(dir, list, true) // reached by a walk
 	}
 }
 

@@ -30,6 +30,7 @@ type counting struct {
 	backend.Backend
 	read   atomic.Int64
 	lstats atomic.Int64
+	opens  atomic.Int64
 	down   atomic.Bool
 	// duringUnlink, if set, runs while an unlink is in flight, before the server
 	// acts on it.
@@ -54,6 +55,7 @@ func (c *counting) Open(ctx context.Context, p string, flags int, mode uint32) (
 	if c.down.Load() {
 		return nil, &backend.Error{Op: "open", Path: p, Errno: syscall.EIO, Cause: backend.ErrUnavailable}
 	}
+	c.opens.Add(1)
 	if c.duringOpen != nil {
 		c.duringOpen(p)
 	}
