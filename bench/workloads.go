@@ -673,8 +673,9 @@ func bonnieWorkload(b *bench, s *session, rtt time.Duration) ([]result, error) {
 	// the read phases start after the 512 MiB written have pushed most of it out).
 	// -f1: the per-character phases move 1 MiB (default 20), one write(2) or
 	// read(2) per byte: through FUSE each is a request, and 20 MiB at sshfs' 30 KB/s
-	// would take over ten minutes.
-	_, out, err := sh("bonnie++ -q -u root -x 1 -d " + dir + " -s 512 -r 256 -f1 -n 2 -m " + s.sys.name + " 2>/dev/null")
+	// would take over ten minutes. Its standard error is kept (sh puts it in the
+	// error): a failed run says what bonnie++ could not do.
+	_, out, err := sh("bonnie++ -q -u root -x 1 -d " + dir + " -s 512 -r 256 -f1 -n 2 -m " + s.sys.name)
 	if err != nil {
 		return nil, err
 	}
