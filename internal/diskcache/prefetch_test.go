@@ -73,13 +73,8 @@ func TestPrefetchFollowsTheWalk(t *testing.T) {
 			}
 			waitOpened := func(k int) {
 				t.Helper()
-				deadline := time.Now().Add(10 * time.Second)
-				for opened() < k {
-					if time.Now().After(deadline) {
-						t.Fatalf("%d fetches started, want %d", opened(), k)
-					}
-					time.Sleep(time.Millisecond)
-				}
+				waitFor(t, func() bool { return opened() >= k },
+					func() string { return fmt.Sprintf("%d fetches started, want %d", opened(), k) })
 			}
 			s.pf.mu.Lock()
 			s.pf.walkUntil = time.Now().Add(time.Hour)
@@ -127,13 +122,9 @@ func TestPrefetchTakesWhatWasListedBefore(t *testing.T) {
 		t.Fatalf("%d files fetched before any walk", got)
 	}
 	s.wholeRead("c/f00")
-	deadline := time.Now().Add(10 * time.Second)
-	for cb.opens.Load() < 3*n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d files fetched, want the %d of a, b and c", cb.opens.Load(), 3*n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, func() bool { return cb.opens.Load() >= 3*n }, func() string {
+		return fmt.Sprintf("%d files fetched, want the %d of a, b and c", cb.opens.Load(), 3*n)
+	})
 	for _, d := range []string{"a", "b", "c"} {
 		for i := range n {
 			p := fmt.Sprintf("%s/f%02d", d, i)
@@ -149,13 +140,7 @@ func waitWhole(t *testing.T, s *Source, p string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !s.st.holdsWhole(p, a) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not cached whole", p)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, func() bool { return s.st.holdsWhole(p, a) }, func() string { return p + " not cached whole" })
 }
 
 // TestOpenWaitsForTheFetch: an open of a file the prefetch is fetching does not open
@@ -176,13 +161,8 @@ func TestOpenWaitsForTheFetch(t *testing.T) {
 			s.pf.walkUntil = time.Now().Add(time.Hour)
 			s.pf.mu.Unlock()
 			s.listed("a", lists["a"], true)
-			deadline := time.Now().Add(10 * time.Second)
-			for s.pf.fetchOf("a/f00") == nil {
-				if time.Now().After(deadline) {
-					t.Fatal("the prefetch did not start")
-				}
-				time.Sleep(time.Millisecond)
-			}
+			waitFor(t, func() bool { return s.pf.fetchOf("a/f00") != nil },
+				func() string { return "the prefetch did not start" })
 			type result struct {
 				f  backend.File
 				ok bool

@@ -84,6 +84,17 @@ func (f *countingFile) ReadAt(ctx context.Context, p []byte, off int64) (int, er
 	return n, err
 }
 
+// waitFor waits up to 10 s for cond; if it does not come, the test fails with the
+// message what returns then.
+func waitFor(t *testing.T, cond func() bool, what func() string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal(what())
+		}
+	}
+}
+
 // setup serves a local directory (standing in for a server) through a store in a
 // cache directory.
 func setup(t *testing.T, cacheDir string, opts Options) (*Cache, *Source, *counting, string) {
@@ -620,13 +631,8 @@ func TestFetchWholeOnRandomReads(t *testing.T) {
 		}
 	}
 	randomReads("db", 4<<20)
-	deadline := time.Now().Add(10 * time.Second)
-	for !s.st.holdsWhole("db", backend.Attr{Size: 4 << 20, Mtime: mtime}) {
-		if time.Now().After(deadline) {
-			t.Fatal("a file read at random was not fetched whole")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitFor(t, func() bool { return s.st.holdsWhole("db", backend.Attr{Size: 4 << 20, Mtime: mtime}) },
+		func() string { return "a file read at random was not fetched whole" })
 	before := cb.read.Load()
 	randomReads("db", 4<<20)
 	if cb.read.Load() != before {
@@ -826,11 +832,9 @@ func TestManySmallFilesFlushedEarly(t *testing.T) {
 			t.Fatalf("file %d read %d bytes", i, len(got))
 		}
 	}
-	for deadline := time.Now().Add(10 * time.Second); s.st.c.memUsed.Load() > memFlushAt; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d bytes still held in memory 10 s after passing %d", s.st.c.memUsed.Load(), memFlushAt)
-		}
-	}
+	waitFor(t, func() bool { return s.st.c.memUsed.Load() <= memFlushAt }, func() string {
+		return fmt.Sprintf("%d bytes still held in memory 10 s after passing %d", s.st.c.memUsed.Load(), memFlushAt)
+	})
 }
 
 // dirtyPools leaves pooled buffers of up to 64 KiB full of junk, as used ones are: a
